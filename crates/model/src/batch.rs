@@ -1,0 +1,108 @@
+//! The plan for one forward pass: the new tokens of several sequences, flattened, and for each
+//! sequence where its keys and values live and how many it already has. The engine builds it;
+//! the model only reads it.
+
+use crate::error::{ModelError, Result};
+
+/// Which rows of logits a sequence wants back from this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsRows {
+    /// None (a prefill chunk that does not end the prompt).
+    None,
+    /// The last new token's row (decode, or the final prefill chunk).
+    Last,
+    /// Every new token's row (prompt logprobs, speculative verification, golden tests).
+    All,
+}
+
+/// One sequence's share of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqChunk {
+    /// The cache slot holding this sequence's keys and values.
+    pub slot: usize,
+    /// Tokens already in the cache for this sequence; the first new token sits at this position.
+    pub context_len: usize,
+    /// How many new tokens of the batch belong to this sequence.
+    pub num_tokens: usize,
+    pub logits: LogitsRows,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch {
+    /// New tokens of every sequence, sequence after sequence.
+    pub tokens: Vec<u32>,
+    /// Absolute position of each new token (context_len + i within its sequence).
+    pub positions: Vec<u32>,
+    pub seqs: Vec<SeqChunk>,
+}
+
+impl ForwardBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Append a sequence's new tokens, continuing after `context_len` cached ones.
+    pub fn push(&mut self, slot: usize, context_len: usize, tokens: &[u32], logits: LogitsRows) {
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend((0..tokens.len()).map(|i| (context_len + i) as u32));
+        self.seqs.push(SeqChunk { slot, context_len, num_tokens: tokens.len(), logits });
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Rows of the flattened batch whose logits are wanted, in output order.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut rows = Vec::new();
+        let mut offset = 0;
+        for s in &self.seqs {
+            match s.logits {
+                LogitsRows::None => {}
+                LogitsRows::Last => rows.push(offset + s.num_tokens - 1),
+                LogitsRows::All => rows.extend(offset..offset + s.num_tokens),
+            }
+            offset += s.num_tokens;
+        }
+        rows
+    }
+
+    /// Structural checks; a malformed plan is an engine bug, reported rather than panicking.
+    pub fn validate(&self) -> Result<()> {
+        let total: usize = self.seqs.iter().map(|s| s.num_tokens).sum();
+        if total != self.tokens.len() || self.positions.len() != self.tokens.len() {
+            return Err(ModelError::Batch(format!(
+                "{} tokens, {} positions, chunks sum to {total}",
+                self.tokens.len(),
+                self.positions.len()
+            )));
+        }
+        if self.seqs.iter().any(|s| s.num_tokens == 0) {
+            return Err(ModelError::Batch("a sequence chunk has no tokens".into()));
+        }
+        let mut slots: Vec<usize> = self.seqs.iter().map(|s| s.slot).collect();
+        slots.sort_unstable();
+        if slots.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ModelError::Batch("a cache slot appears twice in one batch".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_and_positions() {
+        let mut b = ForwardBatch::new();
+        b.push(3, 0, &[1, 2, 3], LogitsRows::Last);
+        b.push(0, 10, &[4], LogitsRows::All);
+        b.push(1, 5, &[5, 6], LogitsRows::None);
+        assert_eq!(b.positions, vec![0, 1, 2, 10, 5, 6]);
+        assert_eq!(b.logit_rows(), vec![2, 3]);
+        b.validate().unwrap();
+        b.push(0, 11, &[7], LogitsRows::Last);
+        assert!(b.validate().is_err());
+    }
+}

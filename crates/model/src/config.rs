@@ -1,0 +1,393 @@
+//! `config.json` of a Qwen2 checkpoint, read the way real checkpoints write it.
+//!
+//! Three RoPE layouts exist in the wild: top-level `rope_theta` + `rope_scaling` with `type`
+//! (most hub checkpoints), the same with `rope_type` (transformers ≥ 4.45), and transformers 5's
+//! `rope_parameters` object that carries `rope_theta` itself. All three normalise to [`RopeConfig`].
+
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+use crate::error::{ModelError, Result};
+
+/// Geometry and numerics of one Qwen2-architecture model, whatever file it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen2Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    pub rope: RopeConfig,
+    pub tie_word_embeddings: bool,
+    /// Per layer: `Some(window)` where sliding-window attention applies. Only ever set when the
+    /// checkpoint says `use_sliding_window: true` (DeepSeek-R1-Distill ships a window it must not use).
+    pub sliding_window_layers: Vec<Option<usize>>,
+    pub bos_token_id: Option<u32>,
+    /// `eos_token_id` from config.json; generation_config.json may add more (see `GenerationConfig`).
+    pub eos_token_ids: Vec<u32>,
+    /// `torch_dtype` / `dtype` as written, informational.
+    pub torch_dtype: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear { factor: f64 },
+    /// YaRN as transformers computes it ("static": the same tables at every length).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// Explicit `attention_factor`, or the one derived from `mscale`/`mscale_all_dim`.
+        attention_factor: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        /// transformers rounds the correction range to integers unless `truncate: false`.
+        truncate: bool,
+    },
+}
+
+/// The raw JSON, lenient about which optional keys exist.
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    original_max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    use_sliding_window: bool,
+    sliding_window: Option<usize>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    hidden_act: Option<String>,
+}
+
+fn default_max_pos() -> usize {
+    32768
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
+/// Architectures whose forward pass is exactly Qwen2's.
+const SUPPORTED_ARCHITECTURES: &[&str] = &["Qwen2ForCausalLM"];
+
+impl Qwen2Config {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        Self::from_json_str(&text).map_err(|e| e.in_file(path))
+    }
+
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
+        let arch_ok = raw.architectures.iter().any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
+            || (raw.architectures.is_empty() && raw.model_type.as_deref() == Some("qwen2"));
+        if !arch_ok {
+            let found = if raw.architectures.is_empty() {
+                format!("model_type {:?}", raw.model_type.unwrap_or_default())
+            } else {
+                format!("architectures {:?}", raw.architectures)
+            };
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "{found}; flint supports {SUPPORTED_ARCHITECTURES:?}"
+            )));
+        }
+        if let Some(act) = raw.hidden_act.as_deref() {
+            if act != "silu" {
+                return Err(ModelError::Config(format!("hidden_act {act:?} is not supported (only \"silu\")")));
+            }
+        }
+        if raw.num_attention_heads == 0 || raw.hidden_size % raw.num_attention_heads != 0 && raw.head_dim.is_none() {
+            return Err(ModelError::Config(format!(
+                "hidden_size {} is not divisible by num_attention_heads {}",
+                raw.hidden_size, raw.num_attention_heads
+            )));
+        }
+        let num_kv = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        if num_kv == 0 || raw.num_attention_heads % num_kv != 0 {
+            return Err(ModelError::Config(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv}",
+                raw.num_attention_heads
+            )));
+        }
+        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
+        if head_dim % 2 != 0 {
+            return Err(ModelError::Config(format!("head_dim {head_dim} must be even for RoPE")));
+        }
+        let rope = parse_rope(
+            raw.rope_theta,
+            raw.rope_scaling.as_ref(),
+            raw.rope_parameters.as_ref(),
+            raw.original_max_position_embeddings.unwrap_or(raw.max_position_embeddings),
+            raw.max_position_embeddings,
+        )?;
+
+        let n = raw.num_hidden_layers;
+        let sliding_window_layers = sliding_layers(&raw, n)?;
+        Ok(Self {
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: n,
+            num_attention_heads: raw.num_attention_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+            max_position_embeddings: raw.max_position_embeddings,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            sliding_window_layers,
+            bos_token_id: raw.bos_token_id.as_ref().and_then(|v| token_ids(v).first().copied()),
+            eos_token_ids: raw.eos_token_id.as_ref().map(token_ids).unwrap_or_default(),
+            torch_dtype: raw.torch_dtype.or(raw.dtype),
+        })
+    }
+
+    /// Bytes of K and V per token for the whole model at `bytes_per_elem`.
+    pub fn kv_bytes_per_token(&self, bytes_per_elem: usize) -> usize {
+        2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_elem
+    }
+}
+
+/// transformers' rule (Qwen2, 4.45+ and 5.x): a layer slides only when `use_sliding_window` is true,
+/// a window is given, and the layer index is at least `max_window_layers` — unless `layer_types`
+/// spells it out per layer.
+fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
+    let window = if raw.use_sliding_window { raw.sliding_window } else { None };
+    let Some(window) = window else {
+        return Ok(vec![None; n]);
+    };
+    if let Some(types) = &raw.layer_types {
+        if types.len() != n {
+            return Err(ModelError::Config(format!(
+                "layer_types has {} entries but num_hidden_layers is {n}",
+                types.len()
+            )));
+        }
+        return Ok(types.iter().map(|t| (t == "sliding_attention").then_some(window)).collect());
+    }
+    let first = raw.max_window_layers.unwrap_or(0);
+    Ok((0..n).map(|i| (i >= first).then_some(window)).collect())
+}
+
+fn token_ids(v: &Value) -> Vec<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Value::Array(items) => items.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `default_original`: what transformers falls back to when `rope_scaling` has no
+/// `original_max_position_embeddings` (the top-level key, else `max_position_embeddings`).
+fn parse_rope(
+    theta: Option<f64>,
+    scaling: Option<&Value>,
+    parameters: Option<&Value>,
+    default_original: usize,
+    max_position_embeddings: usize,
+) -> Result<RopeConfig> {
+    // transformers 5 puts everything (theta included) in `rope_parameters`.
+    let (theta, scaling) = match parameters {
+        Some(p @ Value::Object(obj)) => {
+            let t = obj.get("rope_theta").and_then(Value::as_f64).or(theta);
+            (t, Some(p))
+        }
+        _ => (theta, scaling),
+    };
+    let theta = theta.unwrap_or(10000.0);
+    let scaling = match scaling {
+        None | Some(Value::Null) => RopeScaling::None,
+        Some(Value::Object(obj)) => {
+            let kind = obj
+                .get("rope_type")
+                .or_else(|| obj.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            let f = |k: &str| obj.get(k).and_then(Value::as_f64);
+            match kind {
+                "default" => RopeScaling::None,
+                "linear" => RopeScaling::Linear { factor: need(f("factor"), "factor")? },
+                "yarn" => {
+                    let original = f("original_max_position_embeddings").map(|x| x as usize).unwrap_or(default_original);
+                    if original == 0 {
+                        return Err(ModelError::Config("rope_scaling.original_max_position_embeddings must be > 0".into()));
+                    }
+                    // transformers: a missing factor is the ratio of the two context lengths.
+                    let factor = f("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
+                    yarn(obj, factor, original)
+                }
+                other => {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling type {other:?} is not supported (supported: default, linear, yarn)"
+                    )))
+                }
+            }
+        }
+        Some(other) => return Err(ModelError::Config(format!("rope_scaling must be an object, got {other}"))),
+    };
+    Ok(RopeConfig { theta, scaling })
+}
+
+fn yarn(obj: &serde_json::Map<String, Value>, factor: f64, original: usize) -> RopeScaling {
+    let f = |k: &str| obj.get(k).and_then(Value::as_f64);
+    RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        // transformers uses `or`: a null or 0 beta falls back to the paper's defaults.
+        beta_fast: f("beta_fast").filter(|b| *b != 0.0).unwrap_or(32.0),
+        beta_slow: f("beta_slow").filter(|b| *b != 0.0).unwrap_or(1.0),
+        attention_factor: f("attention_factor"),
+        mscale: f("mscale"),
+        mscale_all_dim: f("mscale_all_dim"),
+        truncate: obj.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+    }
+}
+
+fn need(v: Option<f64>, key: &str) -> Result<f64> {
+    v.ok_or_else(|| ModelError::Config(format!("rope_scaling.{key} is missing")))
+}
+
+/// `generation_config.json`: the stop ids that matter for serving.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationConfig {
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f64>,
+}
+
+impl GenerationConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config(format!("{}: invalid JSON: {e}", path.display())))?;
+        Ok(Self {
+            eos_token_ids: v.get("eos_token_id").map(token_ids).unwrap_or_default(),
+            bos_token_id: v.get("bos_token_id").and_then(|x| token_ids(x).first().copied()),
+            temperature: v.get("temperature").and_then(Value::as_f64),
+            top_p: v.get("top_p").and_then(Value::as_f64),
+            top_k: v.get("top_k").and_then(Value::as_u64).map(|k| k as usize),
+            repetition_penalty: v.get("repetition_penalty").and_then(Value::as_f64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Map<String, Value> {
+        serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+            "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+            "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 21,
+            "use_sliding_window": false, "tie_word_embeddings": false, "bos_token_id": 151643,
+            "eos_token_id": 151643, "torch_dtype": "bfloat16", "hidden_act": "silu"
+        })
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+    }
+
+    fn parse(m: &serde_json::Map<String, Value>) -> Result<Qwen2Config> {
+        Qwen2Config::from_json_str(&Value::Object(m.clone()).to_string())
+    }
+
+    #[test]
+    fn r1_distill_geometry_and_no_window() {
+        let c = parse(&base()).unwrap();
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.kv_bytes_per_token(2), 28_672);
+        assert!(c.sliding_window_layers.iter().all(Option::is_none), "use_sliding_window false must disable the window");
+        assert_eq!(c.eos_token_ids, vec![151643]);
+    }
+
+    #[test]
+    fn sliding_window_from_max_window_layers() {
+        let mut m = base();
+        m.insert("use_sliding_window".into(), Value::Bool(true));
+        let c = parse(&m).unwrap();
+        assert_eq!(c.sliding_window_layers[20], None);
+        assert_eq!(c.sliding_window_layers[21], Some(4096));
+    }
+
+    #[test]
+    fn three_yarn_layouts_agree() {
+        let mut a = base();
+        a.insert("rope_scaling".into(), serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}));
+        let mut b = base();
+        b.insert("rope_scaling".into(), serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}));
+        let mut c = base();
+        c.remove("rope_theta");
+        c.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
+        let (a, b, c) = (parse(&a).unwrap(), parse(&b).unwrap(), parse(&c).unwrap());
+        assert!(matches!(a.rope.scaling, RopeScaling::Yarn { factor, .. } if factor == 4.0));
+        assert_eq!(a.rope, b.rope);
+        assert_eq!(a.rope, c.rope);
+    }
+
+    #[test]
+    fn default_rope_parameters_means_no_scaling() {
+        let mut m = base();
+        m.remove("rope_theta");
+        m.insert("rope_parameters".into(), serde_json::json!({"rope_type": "default", "rope_theta": 1e6}));
+        let c = parse(&m).unwrap();
+        assert_eq!(c.rope, RopeConfig { theta: 1e6, scaling: RopeScaling::None });
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let mut m = base();
+        m.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        let e = parse(&m).unwrap_err().to_string();
+        assert!(e.contains("LlamaForCausalLM"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_rope_type_is_an_error() {
+        let mut m = base();
+        m.insert("rope_scaling".into(), serde_json::json!({"type": "longrope", "factor": 2.0}));
+        assert!(parse(&m).unwrap_err().to_string().contains("longrope"));
+    }
+}

@@ -1,0 +1,229 @@
+//! GGUF as llama.cpp writes it for Qwen2: tensor names (`blk.N.attn_q.weight` for
+//! `model.layers.N.self_attn.q_proj.weight`) and the `qwen2.*` metadata keys that carry the config.
+//! llama.cpp does not permute Qwen2's q/k (it uses NeoX RoPE), so weights map one to one.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::{self, Value};
+
+use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
+use crate::error::{ModelError, Result};
+
+/// (Hugging Face suffix inside `model.layers.N.`, GGUF suffix inside `blk.N.`)
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.q_proj.bias", "attn_q.bias"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+const GLOBAL_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+pub fn hf_to_gguf_name(hf: &str) -> String {
+    if let Some((_, g)) = GLOBAL_NAMES.iter().find(|(h, _)| *h == hf) {
+        return g.to_string();
+    }
+    if let Some(rest) = hf.strip_prefix("model.layers.") {
+        if let Some((idx, suffix)) = rest.split_once('.') {
+            if let Some((_, g)) = LAYER_NAMES.iter().find(|(h, _)| *h == suffix) {
+                return format!("blk.{idx}.{g}");
+            }
+        }
+    }
+    hf.to_string()
+}
+
+pub fn gguf_to_hf_name(gguf: &str) -> String {
+    if let Some((h, _)) = GLOBAL_NAMES.iter().find(|(_, g)| *g == gguf) {
+        return h.to_string();
+    }
+    if let Some(rest) = gguf.strip_prefix("blk.") {
+        if let Some((idx, suffix)) = rest.split_once('.') {
+            if let Some((h, _)) = LAYER_NAMES.iter().find(|(_, g)| *g == suffix) {
+                return format!("model.layers.{idx}.{h}");
+            }
+        }
+    }
+    gguf.to_string()
+}
+
+/// Typed access to GGUF metadata with errors that name the key.
+pub struct Meta<'a>(pub &'a HashMap<String, Value>);
+
+impl Meta<'_> {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+    pub fn string(&self, key: &str) -> Option<String> {
+        self.0.get(key).and_then(|v| v.to_string().ok()).cloned()
+    }
+    pub fn u64(&self, key: &str) -> Option<u64> {
+        self.0.get(key).and_then(value_as_u64)
+    }
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        self.0.get(key).and_then(|v| match v {
+            Value::F32(x) => Some(*x as f64),
+            Value::F64(x) => Some(*x),
+            other => value_as_u64(other).map(|x| x as f64),
+        })
+    }
+    pub fn need_u64(&self, key: &str) -> Result<u64> {
+        self.u64(key).ok_or_else(|| ModelError::Config(format!("GGUF metadata key `{key}` is missing or not an integer")))
+    }
+    pub fn strings(&self, key: &str) -> Option<Vec<String>> {
+        let v = self.0.get(key)?.to_vec().ok()?;
+        v.iter().map(|x| x.to_string().ok().cloned()).collect()
+    }
+    pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
+        let v = self.0.get(key)?.to_vec().ok()?;
+        v.iter().map(|x| value_as_u64(x).map(|u| u as i64).or_else(|| x.to_i32().ok().map(i64::from))).collect()
+    }
+}
+
+fn value_as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::U8(x) => Some(*x as u64),
+        Value::U16(x) => Some(*x as u64),
+        Value::U32(x) => Some(*x as u64),
+        Value::U64(x) => Some(*x),
+        Value::I8(x) => u64::try_from(*x).ok(),
+        Value::I16(x) => u64::try_from(*x).ok(),
+        Value::I32(x) => u64::try_from(*x).ok(),
+        Value::I64(x) => u64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+/// The tokenizer as llama.cpp stores it in GGUF metadata (`tokenizer.ggml.*`): byte-level BPE
+/// (`model` "gpt2", `pre` "qwen2") with tokens in id order, their types (1 normal, 3 control,
+/// 4 user-defined, …) and merges as "a b" strings. Padding ids past the tokenizer's length appear
+/// as `[PAD<id>]` entries so the list is as long as the embedding.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufTokenizerMeta {
+    pub model: String,
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub token_types: Vec<i32>,
+    pub merges: Vec<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub chat_template: Option<String>,
+}
+
+impl GgufTokenizerMeta {
+    /// `None` when the file carries no tokenizer.
+    pub fn from_metadata(meta: &HashMap<String, Value>) -> Option<Self> {
+        let m = Meta(meta);
+        let tokens = m.strings("tokenizer.ggml.tokens")?;
+        Some(Self {
+            model: m.string("tokenizer.ggml.model").unwrap_or_default(),
+            pre: m.string("tokenizer.ggml.pre"),
+            token_types: m
+                .ints("tokenizer.ggml.token_type")
+                .map(|v| v.into_iter().map(|x| x as i32).collect())
+                .unwrap_or_else(|| vec![1; tokens.len()]),
+            tokens,
+            merges: m.strings("tokenizer.ggml.merges").unwrap_or_default(),
+            bos_token_id: m.u64("tokenizer.ggml.bos_token_id").map(|x| x as u32),
+            eos_token_id: m.u64("tokenizer.ggml.eos_token_id").map(|x| x as u32),
+            chat_template: m.string("tokenizer.chat_template"),
+        })
+    }
+}
+
+/// Build the config from `qwen2.*` keys; the vocabulary size comes from `token_embd.weight`.
+pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
+    let m = Meta(&content.metadata);
+    let arch = m.string("general.architecture").unwrap_or_default();
+    if arch != "qwen2" {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "general.architecture {arch:?}; flint supports \"qwen2\""
+        )));
+    }
+    let k = |s: &str| format!("qwen2.{s}");
+    let hidden = m.need_u64(&k("embedding_length"))? as usize;
+    let heads = m.need_u64(&k("attention.head_count"))? as usize;
+    let kv_heads = m.u64(&k("attention.head_count_kv")).map_or(heads, |x| x as usize);
+    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(ModelError::Config(format!("GGUF head counts {heads}/{kv_heads} are inconsistent")));
+    }
+    let head_dim = m.u64(&k("attention.key_length")).map_or(hidden / heads, |x| x as usize);
+    let embd = content
+        .tensor_infos
+        .get("token_embd.weight")
+        .ok_or_else(|| ModelError::Config("GGUF has no token_embd.weight".into()))?;
+    let vocab_size = embd.shape.dims().first().copied().unwrap_or(0);
+    let theta = m.f64(&k("rope.freq_base")).unwrap_or(10000.0);
+    let scaling = match m.string(&k("rope.scaling.type")).as_deref() {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear { factor: m.f64(&k("rope.scaling.factor")).unwrap_or(1.0) },
+        Some("yarn") => {
+            let ctx = m.u64(&k("context_length")).unwrap_or(32768) as usize;
+            let original = m.u64(&k("rope.scaling.original_context_length")).map_or(ctx, |x| x as usize);
+            RopeScaling::Yarn {
+                factor: m.f64(&k("rope.scaling.factor")).unwrap_or(ctx as f64 / original.max(1) as f64),
+                original_max_position_embeddings: original,
+                beta_fast: m.f64(&k("rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
+                beta_slow: m.f64(&k("rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+                attention_factor: m.f64(&k("rope.scaling.attn_factor")),
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: true,
+            }
+        }
+        Some(other) => return Err(ModelError::Config(format!("GGUF rope scaling {other:?} is not supported"))),
+    };
+    let layers = m.need_u64(&k("block_count"))? as usize;
+    let window = m.u64(&k("attention.sliding_window")).map(|x| x as usize);
+    Ok(Qwen2Config {
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: m.need_u64(&k("feed_forward_length"))? as usize,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        max_position_embeddings: m.u64(&k("context_length")).unwrap_or(32768) as usize,
+        rms_norm_eps: m.f64(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+        rope: RopeConfig { theta, scaling },
+        tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+        // llama.cpp's qwen2 converter writes a window only when the model uses one.
+        sliding_window_layers: vec![window; layers],
+        bos_token_id: m.u64("tokenizer.ggml.bos_token_id").map(|x| x as u32),
+        eos_token_ids: m.u64("tokenizer.ggml.eos_token_id").map(|x| vec![x as u32]).unwrap_or_default(),
+        torch_dtype: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for hf in [
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "model.layers.17.self_attn.k_proj.bias",
+            "model.layers.0.mlp.down_proj.weight",
+        ] {
+            let g = hf_to_gguf_name(hf);
+            assert_ne!(g, hf);
+            assert_eq!(gguf_to_hf_name(&g), hf);
+        }
+        assert_eq!(hf_to_gguf_name("model.layers.3.self_attn.o_proj.weight"), "blk.3.attn_output.weight");
+    }
+}

@@ -1,0 +1,20 @@
+//! flint's model layer: Qwen2 on candle. Reads checkpoints (safetensors directories, GGUF files,
+//! hub ids), builds RoPE/YaRN tables, and runs a forward pass over a batch plan against a KV cache
+//! that the caller (the engine) owns. Knows nothing of requests, sampling or HTTP.
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod kv_cache;
+pub mod linear;
+pub mod qwen2;
+pub mod rope;
+pub mod source;
+pub mod weights;
+
+pub use batch::{ForwardBatch, LogitsRows, SeqChunk};
+pub use config::{GenerationConfig, Qwen2Config, RopeConfig, RopeScaling};
+pub use error::{ModelError, Result};
+pub use kv_cache::{ContiguousKvCache, KvCache};
+pub use qwen2::Qwen2Model;

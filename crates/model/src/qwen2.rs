@@ -1,0 +1,265 @@
+//! The Qwen2 decoder, read top to bottom: embed → N × (RMSNorm → attention with biased q/k/v and
+//! RoPE → residual → RMSNorm → SiLU-gated MLP → residual) → RMSNorm → lm_head.
+//!
+//! One forward pass runs a [`ForwardBatch`]: the projections and the MLP see every new token of
+//! every sequence at once; attention runs per sequence against the keys and values the caller's
+//! [`KvCache`] returns. Grouped-query attention folds the query heads that share a KV head into
+//! the rows of one matrix product, so K/V heads are never repeated in memory.
+
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor, D};
+
+use crate::batch::{ForwardBatch, SeqChunk};
+use crate::config::Qwen2Config;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::linear::Linear;
+use crate::rope::{apply_rope, Rope};
+use crate::weights::{Weight, WeightSource};
+
+enum Embedding {
+    Dense(Tensor),
+    Quantized(Arc<QTensor>),
+}
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// As transformers: statistics in f32, scale applied after casting back to the input dtype.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let x32 = x.to_dtype(DType::F32)?;
+        let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = x32.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        Ok(normed.to_dtype(dtype)?.broadcast_mul(&self.weight)?)
+    }
+}
+
+struct Layer {
+    input_layernorm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    post_attention_layernorm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    sliding_window: Option<usize>,
+}
+
+pub struct Qwen2Model {
+    cfg: Qwen2Config,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    dtype: DType,
+    device: Device,
+}
+
+impl Qwen2Model {
+    /// Build the model from `weights`, checking every tensor's shape against `cfg`.
+    /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
+    pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (nq, nkv, hd) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.head_dim);
+        let _ = hd;
+        let dense = |name: &str, shape: &[usize]| weights.get_dense(name, shape, dtype, device);
+        let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+            let w = weights.get(&format!("{name}.weight"), &[out, inp], dtype, device)?;
+            let b = if bias { Some(dense(&format!("{name}.bias"), &[out])?) } else { None };
+            Linear::new(w, b)
+        };
+        let norm = |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
+
+        let embed_w = weights.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(Layer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
+                q_proj: linear(&format!("{p}.self_attn.q_proj"), nq, h, true)?,
+                k_proj: linear(&format!("{p}.self_attn.k_proj"), nkv, h, true)?,
+                v_proj: linear(&format!("{p}.self_attn.v_proj"), nkv, h, true)?,
+                o_proj: linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_proj: linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
+                up_proj: linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+                down_proj: linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
+                sliding_window: cfg.sliding_window_layers.get(l).copied().flatten(),
+            });
+        }
+        let norm_f = norm("model.norm.weight")?;
+        // Some checkpoints say tied but still ship lm_head (and vice versa): use what is there.
+        let (embed_tokens, lm_head) = if !cfg.tie_word_embeddings || weights.contains("lm_head.weight") {
+            let head = linear("lm_head", cfg.vocab_size, h, false)?;
+            (embedding(embed_w), head)
+        } else {
+            match embed_w {
+                Weight::Dense(t) => (Embedding::Dense(t.clone()), Linear::Dense { w: t, b: None }),
+                Weight::Quantized(q) => {
+                    let q = Arc::new(q);
+                    let head = Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None };
+                    (Embedding::Quantized(q), head)
+                }
+            }
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm: norm_f,
+            lm_head,
+            rope: Rope::new(&cfg.rope, cfg.head_dim),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Qwen2Config {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Run one batch. Returns f32 logits `[rows, vocab_size]` for `batch.logit_rows()`, in order
+    /// (`None` when no sequence asked for any).
+    pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
+        batch.validate()?;
+        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::Batch(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
+        }
+        let n = batch.num_tokens();
+        let ids = Tensor::from_slice(&batch.tokens, n, &self.device)?;
+        let mut x = match &self.embed_tokens {
+            Embedding::Dense(w) => w.index_select(&ids, 0)?,
+            Embedding::Quantized(q) => q.embedding(&ids)?.to_dtype(self.dtype)?,
+        };
+        let (cos, sin) = self.rope.cos_sin(&batch.positions, &self.device)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(&x)?;
+            let attn = self.attention(l, layer, &h, &cos, &sin, batch, cache)?;
+            x = (x + layer.o_proj.forward(&attn)?)?;
+            let h = layer.post_attention_layernorm.forward(&x)?;
+            let gate = layer.gate_proj.forward(&h)?.silu()?;
+            let up = layer.up_proj.forward(&h)?;
+            x = (x + layer.down_proj.forward(&(gate * up)?)?)?;
+        }
+        let rows = batch.logit_rows();
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let rows_t = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
+        let last = self.norm.forward(&x.index_select(&rows_t, 0)?)?;
+        Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        l: usize,
+        layer: &Layer,
+        h: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        batch: &ForwardBatch,
+        cache: &mut dyn KvCache,
+    ) -> Result<Tensor> {
+        let n = h.dim(0)?;
+        let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
+        let q = apply_rope(&layer.q_proj.forward(h)?.reshape((n, hq, d))?, cos, sin)?;
+        let k = apply_rope(&layer.k_proj.forward(h)?.reshape((n, hkv, d))?, cos, sin)?;
+        let v = layer.v_proj.forward(h)?.reshape((n, hkv, d))?;
+        let mut outs = Vec::with_capacity(batch.seqs.len());
+        let mut offset = 0;
+        for chunk in &batch.seqs {
+            let len = chunk.num_tokens;
+            let (kc, vc) = cache.append(l, chunk, &k.narrow(0, offset, len)?, &v.narrow(0, offset, len)?)?;
+            outs.push(self.attend(&q.narrow(0, offset, len)?, &kc, &vc, chunk, layer.sliding_window)?);
+            offset += len;
+        }
+        Ok(if outs.len() == 1 { outs.remove(0) } else { Tensor::cat(&outs, 0)? })
+    }
+
+    /// Causal attention of one sequence's new queries `[n, hq, d]` over its keys and values
+    /// `[T, hkv, d]` (T = context_len + n). Returns `[n, hq·d]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, chunk: &SeqChunk, window: Option<usize>) -> Result<Tensor> {
+        let (n, hq, d) = q.dims3()?;
+        let (t, hkv, _) = k.dims3()?;
+        let g = hq / hkv;
+        let dtype = q.dtype();
+        // Rows of each KV head's score matrix: token i, group member j → row i·g + j.
+        let q = q.reshape((n, hkv, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((hkv, n * g, d))?;
+        let k = k.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?; // [hkv, T, d]
+        let v = v.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?; // [hkv, n·g, T]
+        let scores = match causal_mask(n, g, t, chunk.context_len, window) {
+            Some(mask) => scores.broadcast_add(&Tensor::from_vec(mask, (n * g, t), q.device())?)?,
+            None => scores,
+        };
+        let max = scores.max_keepdim(D::Minus1)?;
+        let e = scores.broadcast_sub(&max)?.exp()?;
+        let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?.to_dtype(dtype)?;
+        let out = p.matmul(&v)?; // [hkv, n·g, d]
+        Ok(out.reshape((hkv, n, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((n, hq * d))?)
+    }
+}
+
+fn embedding(w: Weight) -> Embedding {
+    match w {
+        Weight::Dense(t) => Embedding::Dense(t),
+        Weight::Quantized(q) => Embedding::Quantized(Arc::new(q)),
+    }
+}
+
+/// Additive mask `[n·g, T]`: token i (at position ctx + i) sees keys j ≤ ctx + i, and with a
+/// sliding window only the last `window` of them. `None` when nothing is masked.
+fn causal_mask(n: usize, g: usize, t: usize, ctx: usize, window: Option<usize>) -> Option<Vec<f32>> {
+    let windowed = window.is_some_and(|w| t > w);
+    if n == 1 && !windowed {
+        return None;
+    }
+    let mut mask = vec![0f32; n * g * t];
+    for i in 0..n {
+        let pos = ctx + i;
+        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        for j in 0..g {
+            let row = &mut mask[(i * g + j) * t..(i * g + j + 1) * t];
+            for (key, m) in row.iter_mut().enumerate() {
+                if key > pos || key < lo {
+                    *m = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Some(mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::causal_mask;
+
+    #[test]
+    fn mask_shapes() {
+        assert!(causal_mask(1, 4, 10, 9, None).is_none());
+        let m = causal_mask(2, 1, 5, 3, None).unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, vec![0., 0., 0., 0., inf, 0., 0., 0., 0., 0.]);
+        let w = causal_mask(1, 1, 5, 4, Some(2)).unwrap();
+        assert_eq!(w, vec![inf, inf, inf, 0., 0.]);
+    }
+}

@@ -1,0 +1,278 @@
+//! Where a checkpoint's tensors come from: memory-mapped safetensors (one file or shards listed by
+//! `model.safetensors.index.json`) or a GGUF file. Callers ask by the Hugging Face name and the
+//! shape the config implies; a missing tensor, a wrong shape or a truncated file is an error that
+//! names the file and the tensor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype as StDtype, Metadata};
+
+use crate::error::{ModelError, Result};
+use crate::gguf::hf_to_gguf_name;
+
+/// A loaded weight: dense (in the compute dtype) or still in a GGUF block-quantized format.
+pub enum Weight {
+    Dense(Tensor),
+    Quantized(QTensor),
+}
+
+impl Weight {
+    pub fn dims(&self) -> Vec<usize> {
+        match self {
+            Weight::Dense(t) => t.dims().to_vec(),
+            Weight::Quantized(q) => q.shape().dims().to_vec(),
+        }
+    }
+}
+
+/// The stored dtype and shape of a tensor, without loading it (for `flint inspect`).
+#[derive(Debug, Clone)]
+pub struct TensorMeta {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub bytes: usize,
+}
+
+pub enum WeightSource {
+    Safetensors(SafetensorsFiles),
+    Gguf(GgufWeights),
+}
+
+impl WeightSource {
+    /// Load `name` (a Hugging Face tensor name), check it has `shape`, and convert dense weights to
+    /// `dtype`.
+    pub fn get(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Weight> {
+        let w = match self {
+            WeightSource::Safetensors(s) => Weight::Dense(s.load(name, dtype, device)?),
+            WeightSource::Gguf(g) => g.load(name, dtype, device)?,
+        };
+        let found = w.dims();
+        if found != shape {
+            return Err(ModelError::ShapeMismatch {
+                file: self.file_of(name),
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found,
+            });
+        }
+        Ok(w)
+    }
+
+    /// Load a weight that must be dense (norms, biases): dequantize if the file quantized it.
+    pub fn get_dense(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        match self.get(name, shape, dtype, device)? {
+            Weight::Dense(t) => Ok(t),
+            Weight::Quantized(q) => Ok(q.dequantize(device)?.to_dtype(dtype)?),
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            WeightSource::Safetensors(s) => s.index.contains_key(name),
+            WeightSource::Gguf(g) => g.content.tensor_infos.contains_key(&hf_to_gguf_name(name)),
+        }
+    }
+
+    pub fn file_of(&self, name: &str) -> PathBuf {
+        match self {
+            WeightSource::Safetensors(s) => {
+                s.index.get(name).map(|&f| s.files[f].path.clone()).unwrap_or_else(|| s.dir.clone())
+            }
+            WeightSource::Gguf(g) => g.path.clone(),
+        }
+    }
+
+    /// Every tensor in the checkpoint, in name order.
+    pub fn tensors(&self) -> Vec<TensorMeta> {
+        match self {
+            WeightSource::Safetensors(s) => s.tensors(),
+            WeightSource::Gguf(g) => g.tensors(),
+        }
+    }
+}
+
+struct MappedFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the tensor data (after the 8-byte length and the JSON header).
+    data_start: usize,
+    metadata: Metadata,
+}
+
+pub struct SafetensorsFiles {
+    dir: PathBuf,
+    files: Vec<MappedFile>,
+    /// Tensor name → index of the file holding it.
+    index: BTreeMap<String, usize>,
+}
+
+impl SafetensorsFiles {
+    /// Open `dir/model.safetensors`, or the shards named in `dir/model.safetensors.index.json`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let paths: Vec<PathBuf> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Safetensors {
+                file: index_path.clone(),
+                msg: format!("invalid index JSON: {e}"),
+            })?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Safetensors {
+                file: index_path.clone(),
+                msg: "no `weight_map` object".into(),
+            })?;
+            let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(ModelError::io(
+                &single,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+            ));
+        };
+        Self::open_files(dir, &paths)
+    }
+
+    pub fn open_files(dir: &Path, paths: &[PathBuf]) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut index = BTreeMap::new();
+        for (i, path) in paths.iter().enumerate() {
+            let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+            // SAFETY: the file is opened read-only; a checkpoint modified while serving is outside
+            // what any inference server can defend against, as with every mmap-based loader.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+            let (header_len, metadata) = safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| {
+                ModelError::Safetensors { file: path.clone(), msg: format!("{e:?} (truncated or not safetensors?)") }
+            })?;
+            let data_start = 8 + header_len;
+            let data_len = mmap.len().saturating_sub(data_start);
+            for (name, info) in metadata.tensors() {
+                let (start, end) = info.data_offsets;
+                if end > data_len || start > end {
+                    return Err(ModelError::BadTensor {
+                        file: path.clone(),
+                        name,
+                        msg: format!("data {start}..{end} lies beyond the file's {data_len} data bytes (truncated file)"),
+                    });
+                }
+                index.insert(name, i);
+            }
+            files.push(MappedFile { path: path.clone(), mmap, data_start, metadata });
+        }
+        Ok(Self { dir: dir.to_path_buf(), files, index })
+    }
+
+    fn load(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {
+        let &fi = self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
+            file: if self.files.len() == 1 { self.files[0].path.clone() } else { self.dir.clone() },
+            name: name.to_string(),
+        })?;
+        let f = &self.files[fi];
+        let info = f.metadata.info(name).ok_or_else(|| ModelError::MissingTensor {
+            file: f.path.clone(),
+            name: name.to_string(),
+        })?;
+        let bad = |msg: String| ModelError::BadTensor { file: f.path.clone(), name: name.to_string(), msg };
+        let src_dtype = match info.dtype {
+            StDtype::F32 => DType::F32,
+            StDtype::F16 => DType::F16,
+            StDtype::BF16 => DType::BF16,
+            other => return Err(bad(format!("dtype {other:?} is not supported (f32, f16, bf16)"))),
+        };
+        let (start, end) = info.data_offsets;
+        let bytes = &f.mmap[f.data_start + start..f.data_start + end];
+        let expected = info.shape.iter().product::<usize>() * src_dtype.size_in_bytes();
+        if bytes.len() != expected {
+            return Err(bad(format!("holds {} bytes, its shape needs {expected}", bytes.len())));
+        }
+        let t = Tensor::from_raw_buffer(bytes, src_dtype, &info.shape, device).map_err(|e| bad(e.to_string()))?;
+        Ok(if src_dtype == dtype { t } else { t.to_dtype(dtype)? })
+    }
+
+    fn tensors(&self) -> Vec<TensorMeta> {
+        let mut out = Vec::new();
+        for f in &self.files {
+            for (name, info) in f.metadata.tensors() {
+                let (s, e) = info.data_offsets;
+                out.push(TensorMeta { name, dtype: format!("{:?}", info.dtype), shape: info.shape.clone(), bytes: e - s });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+/// A GGUF file: its metadata and tensor directory are read at open; tensors on demand.
+pub struct GgufWeights {
+    pub path: PathBuf,
+    pub content: gguf_file::Content,
+    file: std::sync::Mutex<File>,
+}
+
+impl GgufWeights {
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let content = gguf_file::Content::read(&mut file)
+            .map_err(|e| ModelError::Gguf { file: path.to_path_buf(), msg: first_line(&e.to_string()) })?;
+        Ok(Self { path: path.to_path_buf(), content, file: std::sync::Mutex::new(file) })
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
+        &self.content.metadata
+    }
+
+    fn load(&self, hf_name: &str, dtype: DType, device: &Device) -> Result<Weight> {
+        let name = hf_to_gguf_name(hf_name);
+        if !self.content.tensor_infos.contains_key(&name) {
+            return Err(ModelError::MissingTensor { file: self.path.clone(), name });
+        }
+        let q = {
+            let mut file = self.file.lock().map_err(|_| ModelError::Gguf {
+                file: self.path.clone(),
+                msg: "file handle poisoned by an earlier failure".into(),
+            })?;
+            self.content.tensor(&mut *file, &name, device).map_err(|e| ModelError::BadTensor {
+                file: self.path.clone(),
+                name: name.clone(),
+                msg: first_line(&e.to_string()),
+            })?
+        };
+        Ok(match q.dtype() {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
+            _ => Weight::Quantized(q),
+        })
+    }
+
+    fn tensors(&self) -> Vec<TensorMeta> {
+        let mut out: Vec<TensorMeta> = self
+            .content
+            .tensor_infos
+            .iter()
+            .map(|(name, info)| {
+                let n = info.shape.elem_count();
+                let bytes = n / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+                TensorMeta {
+                    name: name.clone(),
+                    dtype: format!("{:?}", info.ggml_dtype),
+                    shape: info.shape.dims().to_vec(),
+                    bytes,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
