@@ -44,7 +44,9 @@ pub struct RopeConfig {
 pub enum RopeScaling {
     None,
     /// Position interpolation: every frequency divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// YaRN as transformers computes it ("static": the same tables at every length).
     Yarn {
         factor: f64,
@@ -112,8 +114,8 @@ impl Qwen2Config {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(text)
-            .map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
         let arch_ok = raw.architectures.iter().any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
             || (raw.architectures.is_empty() && raw.model_type.as_deref() == Some("qwen2"));
         if !arch_ok {
@@ -131,21 +133,23 @@ impl Qwen2Config {
                 return Err(ModelError::Config(format!("hidden_act {act:?} is not supported (only \"silu\")")));
             }
         }
-        if raw.num_attention_heads == 0 || raw.hidden_size % raw.num_attention_heads != 0 && raw.head_dim.is_none() {
+        if raw.num_attention_heads == 0
+            || (!raw.hidden_size.is_multiple_of(raw.num_attention_heads) && raw.head_dim.is_none())
+        {
             return Err(ModelError::Config(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 raw.hidden_size, raw.num_attention_heads
             )));
         }
         let num_kv = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv == 0 || raw.num_attention_heads % num_kv != 0 {
+        if num_kv == 0 || !raw.num_attention_heads.is_multiple_of(num_kv) {
             return Err(ModelError::Config(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv}",
                 raw.num_attention_heads
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(ModelError::Config(format!("head_dim {head_dim} must be even for RoPE")));
         }
         let rope = parse_rope(
@@ -233,19 +237,18 @@ fn parse_rope(
     let scaling = match scaling {
         None | Some(Value::Null) => RopeScaling::None,
         Some(Value::Object(obj)) => {
-            let kind = obj
-                .get("rope_type")
-                .or_else(|| obj.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
+            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
             let f = |k: &str| obj.get(k).and_then(Value::as_f64);
             match kind {
                 "default" => RopeScaling::None,
                 "linear" => RopeScaling::Linear { factor: need(f("factor"), "factor")? },
                 "yarn" => {
-                    let original = f("original_max_position_embeddings").map(|x| x as usize).unwrap_or(default_original);
+                    let original =
+                        f("original_max_position_embeddings").map(|x| x as usize).unwrap_or(default_original);
                     if original == 0 {
-                        return Err(ModelError::Config("rope_scaling.original_max_position_embeddings must be > 0".into()));
+                        return Err(ModelError::Config(
+                            "rope_scaling.original_max_position_embeddings must be > 0".into(),
+                        ));
                     }
                     // transformers: a missing factor is the ratio of the two context lengths.
                     let factor = f("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
@@ -336,7 +339,10 @@ mod tests {
         let c = parse(&base()).unwrap();
         assert_eq!(c.head_dim, 128);
         assert_eq!(c.kv_bytes_per_token(2), 28_672);
-        assert!(c.sliding_window_layers.iter().all(Option::is_none), "use_sliding_window false must disable the window");
+        assert!(
+            c.sliding_window_layers.iter().all(Option::is_none),
+            "use_sliding_window false must disable the window"
+        );
         assert_eq!(c.eos_token_ids, vec![151643]);
     }
 
@@ -352,9 +358,15 @@ mod tests {
     #[test]
     fn three_yarn_layouts_agree() {
         let mut a = base();
-        a.insert("rope_scaling".into(), serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}));
+        a.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
         let mut b = base();
-        b.insert("rope_scaling".into(), serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}));
+        b.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
         let mut c = base();
         c.remove("rope_theta");
         c.insert(

@@ -80,7 +80,8 @@ impl Meta<'_> {
         })
     }
     pub fn need_u64(&self, key: &str) -> Result<u64> {
-        self.u64(key).ok_or_else(|| ModelError::Config(format!("GGUF metadata key `{key}` is missing or not an integer")))
+        self.u64(key)
+            .ok_or_else(|| ModelError::Config(format!("GGUF metadata key `{key}` is missing or not an integer")))
     }
     pub fn strings(&self, key: &str) -> Option<Vec<String>> {
         let v = self.0.get(key)?.to_vec().ok()?;
@@ -156,7 +157,7 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
     let hidden = m.need_u64(&k("embedding_length"))? as usize;
     let heads = m.need_u64(&k("attention.head_count"))? as usize;
     let kv_heads = m.u64(&k("attention.head_count_kv")).map_or(heads, |x| x as usize);
-    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(ModelError::Config(format!("GGUF head counts {heads}/{kv_heads} are inconsistent")));
     }
     let head_dim = m.u64(&k("attention.key_length")).map_or(hidden / heads, |x| x as usize);

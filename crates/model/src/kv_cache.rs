@@ -64,7 +64,8 @@ impl ContiguousKvCache {
         if self.slots.len() <= slot {
             self.slots.resize_with(slot + 1, || None);
         }
-        let (layers, kvh, hd, dtype, dev) = (self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device.clone());
+        let (layers, kvh, hd, dtype, dev) =
+            (self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device.clone());
         let entry = &mut self.slots[slot];
         let old_cap = entry.as_ref().map_or(0, |s| s.capacity);
         if needed > old_cap {

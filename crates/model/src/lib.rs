@@ -6,11 +6,13 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod gguf_export;
 pub mod kv_cache;
 pub mod linear;
 pub mod qwen2;
 pub mod rope;
 pub mod source;
+pub mod synth;
 pub mod weights;
 
 pub use batch::{ForwardBatch, LogitsRows, SeqChunk};

@@ -9,8 +9,14 @@ use crate::weights::Weight;
 
 pub enum Linear {
     /// `w` is `[out, in]` in the compute dtype.
-    Dense { w: Tensor, b: Option<Tensor> },
-    Quantized { w: QMatMul, b: Option<Tensor> },
+    Dense {
+        w: Tensor,
+        b: Option<Tensor>,
+    },
+    Quantized {
+        w: QMatMul,
+        b: Option<Tensor>,
+    },
 }
 
 impl Linear {

@@ -69,7 +69,8 @@ impl Qwen2Model {
     /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
     pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let (nq, nkv, hd) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.head_dim);
+        let (nq, nkv, hd) =
+            (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.head_dim);
         let _ = hd;
         let dense = |name: &str, shape: &[usize]| weights.get_dense(name, shape, dtype, device);
         let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
@@ -77,7 +78,8 @@ impl Qwen2Model {
             let b = if bias { Some(dense(&format!("{name}.bias"), &[out])?) } else { None };
             Linear::new(w, b)
         };
-        let norm = |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
+        let norm =
+            |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
 
         let embed_w = weights.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -140,7 +142,10 @@ impl Qwen2Model {
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
         batch.validate()?;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(ModelError::Batch(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
+            return Err(ModelError::Batch(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            )));
         }
         let n = batch.num_tokens();
         let ids = Tensor::from_slice(&batch.tokens, n, &self.device)?;

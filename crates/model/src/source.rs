@@ -44,7 +44,10 @@ impl Checkpoint {
                 [one] => Self::open_gguf(one),
                 [] => Err(ModelError::io(
                     &config_path,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no config.json (and no .gguf file) in the model directory"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no config.json (and no .gguf file) in the model directory",
+                    ),
                 )),
                 _ => Err(ModelError::Config(format!(
                     "{}: several .gguf files and no config.json; pass the .gguf file itself",
@@ -54,7 +57,8 @@ impl Checkpoint {
         }
         let config = Qwen2Config::from_file(&config_path)?;
         let gen_path = dir.join("generation_config.json");
-        let mut generation = if gen_path.exists() { GenerationConfig::from_file(&gen_path)? } else { GenerationConfig::default() };
+        let mut generation =
+            if gen_path.exists() { GenerationConfig::from_file(&gen_path)? } else { GenerationConfig::default() };
         merge_eos(&mut generation, &config);
         let weights = WeightSource::Safetensors(SafetensorsFiles::open_dir(dir)?);
         Ok(Self { dir: dir.to_path_buf(), config, generation, weights })

@@ -136,7 +136,10 @@ impl SafetensorsFiles {
         } else {
             return Err(ModelError::io(
                 &single,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no model.safetensors or model.safetensors.index.json",
+                ),
             ));
         };
         Self::open_files(dir, &paths)
@@ -150,9 +153,8 @@ impl SafetensorsFiles {
             // SAFETY: the file is opened read-only; a checkpoint modified while serving is outside
             // what any inference server can defend against, as with every mmap-based loader.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-            let (header_len, metadata) = safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| {
-                ModelError::Safetensors { file: path.clone(), msg: format!("{e:?} (truncated or not safetensors?)") }
-            })?;
+            let (header_len, metadata) =
+                safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| explain_bad_header(path, &mmap, e))?;
             let data_start = 8 + header_len;
             let data_len = mmap.len().saturating_sub(data_start);
             for (name, info) in metadata.tensors() {
@@ -161,7 +163,9 @@ impl SafetensorsFiles {
                     return Err(ModelError::BadTensor {
                         file: path.clone(),
                         name,
-                        msg: format!("data {start}..{end} lies beyond the file's {data_len} data bytes (truncated file)"),
+                        msg: format!(
+                            "data {start}..{end} lies beyond the file's {data_len} data bytes (truncated file)"
+                        ),
                     });
                 }
                 index.insert(name, i);
@@ -177,10 +181,10 @@ impl SafetensorsFiles {
             name: name.to_string(),
         })?;
         let f = &self.files[fi];
-        let info = f.metadata.info(name).ok_or_else(|| ModelError::MissingTensor {
-            file: f.path.clone(),
-            name: name.to_string(),
-        })?;
+        let info = f
+            .metadata
+            .info(name)
+            .ok_or_else(|| ModelError::MissingTensor { file: f.path.clone(), name: name.to_string() })?;
         let bad = |msg: String| ModelError::BadTensor { file: f.path.clone(), name: name.to_string(), msg };
         let src_dtype = match info.dtype {
             StDtype::F32 => DType::F32,
@@ -203,7 +207,12 @@ impl SafetensorsFiles {
         for f in &self.files {
             for (name, info) in f.metadata.tensors() {
                 let (s, e) = info.data_offsets;
-                out.push(TensorMeta { name, dtype: format!("{:?}", info.dtype), shape: info.shape.clone(), bytes: e - s });
+                out.push(TensorMeta {
+                    name,
+                    dtype: format!("{:?}", info.dtype),
+                    shape: info.shape.clone(),
+                    bytes: e - s,
+                });
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -270,6 +279,42 @@ impl GgufWeights {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
+    }
+}
+
+/// Turn the safetensors crate's terse header error into one that names the first tensor whose
+/// bytes are missing when the file was cut short, the usual failure (an interrupted download).
+fn explain_bad_header(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError) -> ModelError {
+    let generic = || ModelError::Safetensors { file: path.to_path_buf(), msg: format!("{e:?}") };
+    let Some(n) = bytes.get(..8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize)
+    else {
+        return ModelError::Safetensors { file: path.to_path_buf(), msg: format!("only {} bytes long", bytes.len()) };
+    };
+    let Some(header) = bytes.get(8..8usize.saturating_add(n)) else {
+        return ModelError::Safetensors {
+            file: path.to_path_buf(),
+            msg: format!("header of {n} bytes but the file has {} (truncated)", bytes.len()),
+        };
+    };
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return generic();
+    };
+    let data_len = bytes.len() - 8 - n;
+    let mut missing: Vec<(u64, &String)> = map
+        .iter()
+        .filter_map(|(name, info)| {
+            let end = info.get("data_offsets")?.get(1)?.as_u64()?;
+            (end as usize > data_len).then_some((end, name))
+        })
+        .collect();
+    missing.sort();
+    match missing.first() {
+        Some((end, name)) => ModelError::BadTensor {
+            file: path.to_path_buf(),
+            name: name.to_string(),
+            msg: format!("data ends at byte {end} but the file holds {data_len} data bytes (truncated file)"),
+        },
+        None => generic(),
     }
 }
 
