@@ -1,0 +1,1009 @@
+//! Rendering Hugging Face chat templates (Jinja2) with minijinja.
+//!
+//! The goal is byte-identical output to transformers' `apply_chat_template`, because the
+//! model was trained on exactly those strings. transformers renders with a sandboxed
+//! Jinja2 environment (`trim_blocks`, `lstrip_blocks`, loop controls), Python string
+//! methods, its own `tojson` (plain `json.dumps`), `raise_exception` and `strftime_now`.
+//! minijinja differs from Jinja2 in a few visible places, which this module patches:
+//!
+//! * `tojson`: minijinja's escapes HTML characters and uses its own spacing; replaced by a
+//!   `json.dumps` clone (same separators, `ensure_ascii=False`, `indent`, `sort_keys`).
+//! * Printing non-strings (`{{ none }}`, `{{ true }}`, lists, dicts) and the `string`
+//!   filter: minijinja prints `none`/`true`/JSON-ish maps; replaced by Python's
+//!   `str()`/`repr()` forms (`None`, `True`, `{'a': 1}`).
+//! * Python string/dict/list methods come from `minijinja_contrib::pycompat`.
+//! * `{% generation %}…{% endgeneration %}` (transformers' assistant-mask extension) is
+//!   rewritten to an always-true `if` block, which is what it renders as.
+//!
+//! Known remaining differences: the `~` operator stringifies with minijinja's rules
+//! (`none`, `true`), and `strftime_now` formats UTC rather than local time (there is no
+//! time-zone database dependency).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+
+/// Name of the main template inside the environment.
+const DEFAULT_NAME: &str = "default";
+/// Name of the optional tool-use template (HF's named-template form).
+const TOOL_USE_NAME: &str = "tool_use";
+
+/// Variables the renderer sets itself; extras may not override them, just as Python's
+/// `render(messages=..., **kwargs)` would reject a duplicate keyword.
+const RESERVED_VARIABLES: [&str; 3] = ["messages", "tools", "add_generation_prompt"];
+
+/// Errors from loading or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateError {
+    /// A tokenizer config / template file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// File that failed.
+        path: String,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+    /// A tokenizer config was not valid JSON.
+    #[error("cannot parse {path} as JSON: {source}")]
+    Json {
+        /// File that failed.
+        path: String,
+        /// Underlying parse error.
+        source: serde_json::Error,
+    },
+    /// A field of the tokenizer config has an unexpected shape.
+    #[error("invalid field \"{field}\" in {path}: {reason}")]
+    InvalidField {
+        /// File at fault.
+        path: String,
+        /// Field at fault.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No chat template was found.
+    #[error("{path} has no \"chat_template\" (and there is no chat_template.jinja next to it)")]
+    MissingTemplate {
+        /// The tokenizer config that was searched.
+        path: String,
+    },
+    /// The template does not compile.
+    #[error("chat template syntax error: {0:#}")]
+    Syntax(#[source] Error),
+    /// The template called `raise_exception(message)` (e.g. to reject a role order).
+    #[error("chat template raised an exception: {0}")]
+    Raised(String),
+    /// Rendering failed for another reason (bad attribute access, type error, ...).
+    #[error("cannot render chat template: {0:#}")]
+    Render(#[source] Error),
+    /// An extra variable collides with one the renderer sets itself.
+    #[error("extra template variable \"{0}\" is reserved (set it through the dedicated argument)")]
+    ReservedVariable(String),
+}
+
+/// Marker attached to the minijinja error produced by `raise_exception`, so that `render`
+/// can tell a deliberate template error from a genuine failure.
+#[derive(Debug)]
+struct RaisedException(String);
+
+impl std::fmt::Display for RaisedException {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedException {}
+
+/// A compiled chat template, ready to render many conversations. `Send + Sync`.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    has_tool_use: bool,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("has_tool_use", &self.has_tool_use)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `bos_token`/`eos_token` become template variables (when given)
+    /// as transformers passes its special-tokens map.
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self, ChatTemplateError> {
+        Self::with_templates(source, None, bos_token, eos_token)
+    }
+
+    fn with_templates(
+        default: &str,
+        tool_use: Option<&str>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let mut env = new_environment()?;
+        env.add_template_owned(DEFAULT_NAME, rewrite_generation_tags(default)).map_err(ChatTemplateError::Syntax)?;
+        if let Some(tool_use) = tool_use {
+            env.add_template_owned(TOOL_USE_NAME, rewrite_generation_tags(tool_use))
+                .map_err(ChatTemplateError::Syntax)?;
+        }
+        Ok(Self { env, has_tool_use: tool_use.is_some(), bos_token, eos_token })
+    }
+
+    /// Loads the template from a Hugging Face `tokenizer_config.json`: `chat_template` as
+    /// a string, or the list-of-`{name, template}` form (using `default`, and `tool_use`
+    /// when tools are given, as transformers does). A `chat_template.jinja` file next to
+    /// the config takes precedence, matching newer transformers. `bos_token`/`eos_token`
+    /// may be strings or `{"content": ...}` objects.
+    pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Self, ChatTemplateError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ChatTemplateError::Io { path: name.clone(), source })?;
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| ChatTemplateError::Json { path: name.clone(), source })?;
+        let invalid =
+            |field: &'static str, reason: String| ChatTemplateError::InvalidField { path: name.clone(), field, reason };
+        let bos_token = special_token(&config, "bos_token").map_err(|r| invalid("bos_token", r))?;
+        let eos_token = special_token(&config, "eos_token").map_err(|r| invalid("eos_token", r))?;
+
+        let jinja_path = path.with_file_name("chat_template.jinja");
+        if jinja_path.is_file() {
+            let source = std::fs::read_to_string(&jinja_path)
+                .map_err(|source| ChatTemplateError::Io { path: jinja_path.display().to_string(), source })?;
+            return Self::new(&source, bos_token, eos_token);
+        }
+
+        match config.get("chat_template") {
+            None | Some(serde_json::Value::Null) => Err(ChatTemplateError::MissingTemplate { path: name }),
+            Some(serde_json::Value::String(source)) => Self::new(source, bos_token, eos_token),
+            Some(serde_json::Value::Array(list)) => {
+                let mut named = BTreeMap::new();
+                for entry in list {
+                    let entry_name = entry.get("name").and_then(|v| v.as_str());
+                    let template = entry.get("template").and_then(|v| v.as_str());
+                    match (entry_name, template) {
+                        (Some(n), Some(t)) => {
+                            named.insert(n, t);
+                        }
+                        _ => {
+                            return Err(invalid(
+                                "chat_template",
+                                "list entries must be {\"name\": string, \"template\": string}".into(),
+                            ))
+                        }
+                    }
+                }
+                let default = named
+                    .get(DEFAULT_NAME)
+                    .ok_or_else(|| invalid("chat_template", "no template named \"default\"".into()))?;
+                Self::with_templates(default, named.get(TOOL_USE_NAME).copied(), bos_token, eos_token)
+            }
+            Some(other) => Err(invalid("chat_template", format!("expected a string or a list, found {other}"))),
+        }
+    }
+
+    /// The BOS token string given to the template, if any.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The EOS token string given to the template, if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Renders a conversation. `messages` are OpenAI-style message objects, `tools` the
+    /// tool list (passed as `none` when absent, as transformers does, so `tools is not
+    /// none` checks work), `extra` any further variables such as `enable_thinking`.
+    pub fn render(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ChatTemplateError> {
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        // transformers passes `documents=None` explicitly.
+        ctx.insert("documents".into(), Value::from(()));
+        if let Some(bos) = &self.bos_token {
+            ctx.insert("bos_token".into(), Value::from(bos.as_str()));
+        }
+        if let Some(eos) = &self.eos_token {
+            ctx.insert("eos_token".into(), Value::from(eos.as_str()));
+        }
+        for (key, value) in extra {
+            if RESERVED_VARIABLES.contains(&key.as_str()) {
+                return Err(ChatTemplateError::ReservedVariable(key.clone()));
+            }
+            ctx.insert(key.clone(), json_to_value(value));
+        }
+        ctx.insert("messages".into(), Value::from(messages.iter().map(json_to_value).collect::<Vec<_>>()));
+        ctx.insert("tools".into(), tools.map_or_else(|| Value::from(()), json_to_value));
+        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+
+        let name = if tools.is_some() && self.has_tool_use { TOOL_USE_NAME } else { DEFAULT_NAME };
+        let template = self.env.get_template(name).map_err(ChatTemplateError::Render)?;
+        template.render(Value::from(ctx)).map_err(classify_render_error)
+    }
+}
+
+/// A JSON object as a template value. Keeps the keys in document order (Python dicts
+/// do, and `tojson` output must match), which minijinja's own map types only do with a
+/// serde feature we do not otherwise need.
+#[derive(Debug)]
+struct JsonObject(Vec<(Value, Value)>);
+
+impl Object for JsonObject {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        // Chat messages have a handful of keys; a linear scan beats hashing here.
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.0.iter().map(|(k, _)| k.clone()).collect())
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+/// Converts JSON (parsed with serde_json's `preserve_order`) into a template value.
+fn json_to_value(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(items) => Value::from(items.iter().map(json_to_value).collect::<Vec<_>>()),
+        serde_json::Value::Object(map) => Value::from_object(JsonObject(
+            map.iter().map(|(k, v)| (Value::from(k.as_str()), json_to_value(v))).collect(),
+        )),
+    }
+}
+
+/// Turns a minijinja error into `Raised` when it came from `raise_exception`.
+fn classify_render_error(err: Error) -> ChatTemplateError {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+    while let Some(e) = cur {
+        if let Some(raised) = e.downcast_ref::<RaisedException>() {
+            return ChatTemplateError::Raised(raised.0.clone());
+        }
+        cur = e.source();
+    }
+    ChatTemplateError::Render(err)
+}
+
+/// Reads `bos_token`/`eos_token` from a tokenizer config: absent/null, a string, or an
+/// AddedToken object with `content`.
+fn special_token(config: &serde_json::Value, field: &str) -> Result<Option<String>, String> {
+    match config.get(field) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Object(obj)) => match obj.get("content") {
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err("object form must have a string \"content\"".into()),
+        },
+        Some(other) => Err(format!("expected a string or an object, found {other}")),
+    }
+}
+
+/// Builds the environment with transformers' settings and helpers.
+fn new_environment() -> Result<Environment<'static>, ChatTemplateError> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .keep_trailing_newline(false)
+        .build()
+        .map_err(ChatTemplateError::Syntax)?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_formatter(|out, _state, value| {
+        out.write_str(&py_str(value)).map_err(|_| Error::new(ErrorKind::WriteFailure, "cannot write template output"))
+    });
+    env.add_filter("tojson", tojson);
+    env.add_filter("string", |value: &Value| Value::from(py_str(value)));
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    Ok(env)
+}
+
+/// `raise_exception(message)`: aborts rendering with `message`.
+fn raise_exception(message: Option<Value>) -> Result<Value, Error> {
+    let message = message.map(|m| py_str(&m)).unwrap_or_default();
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(RaisedException(message)))
+}
+
+/// Rewrites `{% generation %}`/`{% endgeneration %}` (transformers' `AssistantTracker`
+/// extension, unknown to minijinja) into `{% if true %}`/`{% endif %}`. Whitespace-control
+/// markers are kept, so trimming behaves identically.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (open_mod, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, close_mod) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => {
+                let _ = write!(out, "{{%{open_mod} {r} {close_mod}%}}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Python-compatible stringification
+// ---------------------------------------------------------------------------------------
+
+/// Python's `str(value)`: strings as-is, undefined as empty, everything else `repr`.
+fn py_str(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::String => value.as_str().unwrap_or_default().to_string(),
+        _ => py_repr(value),
+    }
+}
+
+/// Python's `repr(value)` for the value kinds JSON data can produce.
+fn py_repr(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::None => "None".into(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.into(),
+        ValueKind::Number => {
+            if value.is_integer() {
+                value.to_string()
+            } else {
+                match f64::try_from(value.clone()) {
+                    Ok(f) if f.is_nan() => "nan".into(),
+                    Ok(f) if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.into(),
+                    Ok(f) => py_float_repr(f),
+                    Err(_) => value.to_string(),
+                }
+            }
+        }
+        ValueKind::String => py_str_repr(value.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => match value.try_iter() {
+            Ok(iter) => {
+                let items: Vec<String> = iter.map(|v| py_repr(&v)).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Err(_) => value.to_string(),
+        },
+        ValueKind::Map => match value.try_iter() {
+            Ok(keys) => {
+                let items: Vec<String> = keys
+                    .map(|k| {
+                        let v = value.get_item(&k).unwrap_or(Value::UNDEFINED);
+                        format!("{}: {}", py_repr(&k), py_repr(&v))
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            Err(_) => value.to_string(),
+        },
+        _ => value.to_string(),
+    }
+}
+
+/// Python's string `repr`: single quotes unless the text contains `'` but no `"`;
+/// backslash, quote and non-printable characters escaped.
+fn py_str_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !py_is_printable(c) => {
+                let cp = c as u32;
+                let _ = if cp <= 0xff {
+                    write!(out, "\\x{cp:02x}")
+                } else if cp <= 0xffff {
+                    write!(out, "\\u{cp:04x}")
+                } else {
+                    write!(out, "\\U{cp:08x}")
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Approximates Python's `str.isprintable`: control characters, separators other than
+/// the ASCII space and common format characters are not printable.
+fn py_is_printable(c: char) -> bool {
+    !(c.is_control()
+        || matches!(
+            c,
+            '\u{a0}'
+                | '\u{ad}'
+                | '\u{1680}'
+                | '\u{2000}'..='\u{200f}'
+                | '\u{2028}'..='\u{202f}'
+                | '\u{205f}'..='\u{2064}'
+                | '\u{3000}'
+                | '\u{feff}'
+        ))
+}
+
+/// Python's `repr(float)` for finite values: shortest round-trip digits, fixed notation
+/// for exponents in [-4, 16), otherwise `d.ddde+XX`.
+fn py_float_repr(f: f64) -> String {
+    // `{:e}` gives the shortest round-trip digits, e.g. "-1.25e-7".
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        if exp >= 0 {
+            let int_len = exp as usize + 1;
+            if digits.len() <= int_len {
+                format!("{sign}{digits}{}.0", "0".repeat(int_len - digits.len()))
+            } else {
+                format!("{sign}{}.{}", &digits[..int_len], &digits[int_len..])
+            }
+        } else {
+            format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let exp_sign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{first}{frac}e{exp_sign}{:02}", exp.abs())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// json.dumps-compatible tojson
+// ---------------------------------------------------------------------------------------
+
+/// Options of Python's `json.dumps` that transformers' `tojson` exposes.
+struct JsonOptions {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+}
+
+/// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`, i.e. `json.dumps` without HTML escaping. Arguments may be given
+/// positionally (in that order, as in Python) or by keyword, except that `sort_keys` is
+/// keyword-only (minijinja functions take at most five parameters).
+fn tojson(
+    value: &Value,
+    ensure_ascii: Option<Value>,
+    indent: Option<Value>,
+    separators: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let pick = |positional: Option<Value>, name: &str| -> Result<Option<Value>, Error> {
+        let kw: Option<Value> = kwargs.get(name)?;
+        Ok(kw.or(positional).filter(|v| !v.is_none() && !v.is_undefined()))
+    };
+    let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
+    let indent = match pick(indent, "indent")? {
+        None => None,
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or("").to_string()),
+        Some(v) => {
+            let n = i64::try_from(v)
+                .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson indent must be an int"))?;
+            Some(" ".repeat(n.max(0) as usize))
+        }
+    };
+    let (item_sep, key_sep) = match pick(separators, "separators")? {
+        Some(v) => {
+            let parts: Vec<Value> = v.try_iter()?.collect();
+            match parts.as_slice() {
+                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
+                    (a.as_str().unwrap_or_default().to_string(), b.as_str().unwrap_or_default().to_string())
+                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson separators must be two strings")),
+            }
+        }
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let sort_keys = pick(None, "sort_keys")?.is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let opts = JsonOptions { ensure_ascii, indent, item_sep, key_sep, sort_keys };
+    let mut out = String::new();
+    write_json(&mut out, value, &opts, 0)?;
+    Ok(out)
+}
+
+fn not_serializable(value: &Value) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("Object of type {} is not JSON serializable", value.kind()))
+}
+
+/// Writes the newline + indentation that precedes an item at `level` (pretty mode only).
+fn write_indent(out: &mut String, opts: &JsonOptions, level: usize) {
+    if let Some(ind) = &opts.indent {
+        out.push('\n');
+        for _ in 0..level {
+            out.push_str(ind);
+        }
+    }
+}
+
+/// Python's JSON rendering of a mapping key (json.dumps coerces scalars to strings).
+fn json_key(key: &Value) -> Result<String, Error> {
+    match key.kind() {
+        ValueKind::String => Ok(key.as_str().unwrap_or_default().to_string()),
+        ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.into()),
+        ValueKind::None => Ok("null".into()),
+        ValueKind::Number => Ok(py_repr(key)),
+        _ => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("keys must be str, int, float, bool or None, not {}", key.kind()),
+        )),
+    }
+}
+
+fn write_json(out: &mut String, value: &Value, opts: &JsonOptions, level: usize) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if value.is_integer() {
+                let _ = write!(out, "{value}");
+            } else {
+                let f = f64::try_from(value.clone()).map_err(|_| not_serializable(value))?;
+                if f.is_nan() {
+                    out.push_str("NaN");
+                } else if f.is_infinite() {
+                    out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+                } else {
+                    out.push_str(&py_float_repr(f));
+                }
+            }
+        }
+        ValueKind::String => write_json_string(out, value.as_str().unwrap_or_default(), opts),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&opts.item_sep);
+                }
+                write_indent(out, opts, level + 1);
+                write_json(out, item, opts, level + 1)?;
+            }
+            write_indent(out, opts, level);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut entries = Vec::new();
+            for key in value.try_iter()? {
+                let item = value.get_item(&key)?;
+                entries.push((json_key(&key)?, item));
+            }
+            if opts.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            if entries.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, (key, item)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&opts.item_sep);
+                }
+                write_indent(out, opts, level + 1);
+                write_json_string(out, key, opts);
+                out.push_str(&opts.key_sep);
+                write_json(out, item, opts, level + 1)?;
+            }
+            write_indent(out, opts, level);
+            out.push('}');
+        }
+        _ => return Err(not_serializable(value)),
+    }
+    Ok(())
+}
+
+/// A JSON string literal escaped exactly like Python's `json` module.
+fn write_json_string(out: &mut String, s: &str, opts: &JsonOptions) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c if opts.ensure_ascii && !(' '..='~').contains(&c) => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+// ---------------------------------------------------------------------------------------
+// strftime_now
+// ---------------------------------------------------------------------------------------
+
+/// `strftime_now(format)`: the current time formatted like Python's `strftime`. Uses UTC
+/// (see module docs).
+fn strftime_now(format: String) -> String {
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    strftime_utc(&format, secs)
+}
+
+/// Converts days since 1970-01-01 to (year, month, day) in the proleptic Gregorian
+/// calendar (Howard Hinnant's civil-from-days algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Formats a Unix timestamp (UTC) with the common C `strftime` directives, including
+/// glibc's `%-d`-style unpadded variants. Unknown directives are copied through.
+fn strftime_utc(format: &str, unix_secs: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    let days = unix_secs.div_euclid(86_400);
+    let secs_of_day = unix_secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let (hour, minute, second) = (secs_of_day / 3600, (secs_of_day / 60) % 60, secs_of_day % 60);
+    // 1970-01-01 was a Thursday (index 3 with Monday = 0).
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let is_leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cumulative[month as usize - 1] + day + u32::from(is_leap && month > 2);
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+    let month_name = MONTHS[month as usize - 1];
+    let day_name = DAYS[weekday];
+
+    let mut out = String::new();
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let unpadded = chars.peek() == Some(&'-');
+        if unpadded {
+            chars.next();
+        }
+        let num = |v: i64, width: usize| {
+            if unpadded {
+                v.to_string()
+            } else {
+                format!("{v:0width$}")
+            }
+        };
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&num(year.rem_euclid(100), 2)),
+            Some('m') => out.push_str(&num(i64::from(month), 2)),
+            Some('d') => out.push_str(&num(i64::from(day), 2)),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('j') => out.push_str(&num(i64::from(yday), 3)),
+            Some('H') => out.push_str(&num(hour, 2)),
+            Some('I') => out.push_str(&num(hour12, 2)),
+            Some('M') => out.push_str(&num(minute, 2)),
+            Some('S') => out.push_str(&num(second, 2)),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('B') => out.push_str(month_name),
+            Some('b') | Some('h') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(day_name),
+            Some('a') => out.push_str(&day_name[..3]),
+            Some('u') => out.push_str(&(weekday + 1).to_string()),
+            Some('w') => out.push_str(&((weekday + 1) % 7).to_string()),
+            Some('F') => out.push_str(&format!("{year}-{month:02}-{day:02}")),
+            Some('T') => out.push_str(&format!("{hour:02}:{minute:02}:{second:02}")),
+            Some('Z') => out.push_str("UTC"),
+            Some('z') => out.push_str("+0000"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                if unpadded {
+                    out.push('-');
+                }
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen_config_path() -> String {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/qwen-tokenizer/tokenizer_config.json").to_string()
+    }
+
+    fn render_simple(source: &str, ctx: serde_json::Value) -> Result<String, ChatTemplateError> {
+        let t = ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into()))?;
+        let extra = ctx.as_object().cloned().unwrap_or_default();
+        t.render(&[], None, false, &extra)
+    }
+
+    #[test]
+    fn golden_chat_cases_render_identically() {
+        let t = ChatTemplate::from_tokenizer_config(qwen_config_path()).unwrap();
+        assert_eq!(t.eos_token(), Some("<|im_end|>"));
+        assert_eq!(t.bos_token(), None);
+        let cases = crate::tokenizer::tests::golden()["chat"].as_array().expect("chat cases");
+        assert!(!cases.is_empty());
+        for (i, case) in cases.iter().enumerate() {
+            let messages = case["messages"].as_array().unwrap();
+            let tools = match &case["tools"] {
+                serde_json::Value::Null => None,
+                t => Some(t),
+            };
+            let mut extra = serde_json::Map::new();
+            if !case["enable_thinking"].is_null() {
+                extra.insert("enable_thinking".into(), case["enable_thinking"].clone());
+            }
+            let add = case["add_generation_prompt"].as_bool().unwrap();
+            let got = t.render(messages, tools, add, &extra).unwrap();
+            assert_eq!(got, case["rendered"].as_str().unwrap(), "chat case #{i}");
+        }
+    }
+
+    #[test]
+    fn raise_exception_aborts_with_message() {
+        let err = render_simple(
+            "{% if true %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}",
+            json!({}),
+        )
+        .unwrap_err();
+        match &err {
+            ChatTemplateError::Raised(msg) => assert_eq!(msg, "Conversation roles must alternate"),
+            other => panic!("expected Raised, got {other:?}"),
+        }
+        assert!(err.to_string().contains("Conversation roles must alternate"));
+    }
+
+    #[test]
+    fn syntax_error_is_an_error() {
+        let err = ChatTemplate::new("{% for m in messages %}{{ m }", None, None).unwrap_err();
+        assert!(matches!(err, ChatTemplateError::Syntax(_)), "{err:?}");
+        let err = ChatTemplate::new("{% if %}", None, None).unwrap_err();
+        assert!(err.to_string().contains("syntax error"), "{err}");
+    }
+
+    #[test]
+    fn other_render_errors_are_render_errors() {
+        let err = render_simple("{{ foo.bar.baz }}", json!({})).unwrap_err();
+        assert!(matches!(err, ChatTemplateError::Render(_)), "{err:?}");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let ctx = json!({"x": {"b": 1, "a": [1.5, "é<>&'\"\n", null, true, 1e-7, 1e16, 100.0], "c": {}}});
+        assert_eq!(
+            render_simple("{{ x | tojson }}", ctx.clone()).unwrap(),
+            r#"{"b": 1, "a": [1.5, "é<>&'\"\n", null, true, 1e-07, 1e+16, 100.0], "c": {}}"#
+        );
+        assert_eq!(
+            render_simple("{{ x | tojson(indent=2) }}", ctx.clone()).unwrap(),
+            "{\n  \"b\": 1,\n  \"a\": [\n    1.5,\n    \"é<>&'\\\"\\n\",\n    null,\n    true,\n    1e-07,\n    1e+16,\n    100.0\n  ],\n  \"c\": {}\n}"
+        );
+        assert_eq!(
+            render_simple("{{ x.a[1] | tojson(ensure_ascii=true) }}", ctx.clone()).unwrap(),
+            r#""\u00e9<>&'\"\n""#
+        );
+        assert_eq!(
+            render_simple("{{ x | tojson(sort_keys=true, separators=[',', ':']) }}", ctx).unwrap(),
+            r#"{"a":[1.5,"é<>&'\"\n",null,true,1e-07,1e+16,100.0],"b":1,"c":{}}"#
+        );
+        assert_eq!(render_simple("{{ '🦀' | tojson(ensure_ascii=true) }}", json!({})).unwrap(), r#""\ud83e\udd80""#);
+    }
+
+    #[test]
+    fn python_style_printing() {
+        let ctx = json!({"n": null, "t": true, "d": {"a": "it's", "b": [1, 2.0]}, "f": 0.0001});
+        assert_eq!(
+            render_simple("{{ n }}|{{ t }}|{{ d }}|{{ f }}|{{ t | string }}|{{ undefined_var }}", ctx).unwrap(),
+            "None|True|{'a': \"it's\", 'b': [1, 2.0]}|0.0001|True|"
+        );
+    }
+
+    #[test]
+    fn python_string_methods_and_variables() {
+        let out = render_simple(
+            "{{ bos_token }}{{ '  a,b '.strip().split(',') | join('-') }}{{ 'x'.upper() }}\
+             {% if documents is none and tools is none %}ok{% endif %}{{ flag }}",
+            json!({"flag": "F"}),
+        )
+        .unwrap();
+        assert_eq!(out, "<s>a-bXokF");
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks() {
+        let out = render_simple("  {% if true %}\nA\n  {% endif %}\nB\n", json!({})).unwrap();
+        assert_eq!(out, "A\nB");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        let src = "{% for m in ['a', 'b'] %}{%- generation -%} {{ m }} {%- endgeneration %}{% endfor %}";
+        assert_eq!(render_simple(src, json!({})).unwrap(), "ab");
+        assert_eq!(
+            rewrite_generation_tags("{%- generation +%}x{% endgeneration%}{% if 1 %}"),
+            "{%- if true +%}x{% endif %}{% if 1 %}"
+        );
+    }
+
+    #[test]
+    fn reserved_extra_variables_are_rejected() {
+        let t = ChatTemplate::new("{{ messages }}", None, None).unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("messages".into(), json!([]));
+        assert!(matches!(t.render(&[], None, false, &extra), Err(ChatTemplateError::ReservedVariable(_))));
+    }
+
+    #[test]
+    fn float_repr_matches_python() {
+        for (f, s) in [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (-2.5, "-2.5"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (123456789012345.0, "123456789012345.0"),
+            (1e16, "1e+16"),
+            (1.5e300, "1.5e+300"),
+            (-0.0, "-0.0"),
+            (6.02214076e23, "6.02214076e+23"),
+            (2.5e-3, "0.0025"),
+        ] {
+            assert_eq!(py_float_repr(f), s);
+        }
+    }
+
+    #[test]
+    fn strftime_formats_utc() {
+        // 2024-02-29 13:05:09 UTC, a Thursday.
+        let t = 1_709_211_909;
+        assert_eq!(
+            strftime_utc("%Y-%m-%d %H:%M:%S %a %A %b %B %j %I%p %-d %y %%", t),
+            "2024-02-29 13:05:09 Thu Thursday Feb February 060 01PM 29 24 %"
+        );
+        assert_eq!(strftime_utc("%d %b %Y", 0), "01 Jan 1970");
+        let now = render_simple("{{ strftime_now('%Y') }}", json!({})).unwrap();
+        assert_eq!(now.len(), 4);
+    }
+
+    #[test]
+    fn tokenizer_config_forms() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer_config.json");
+        std::fs::write(
+            &path,
+            json!({
+                "bos_token": {"content": "<s>", "__type": "AddedToken"},
+                "eos_token": "</s>",
+                "chat_template": [
+                    {"name": "default", "template": "D{{ bos_token }}{{ eos_token }}"},
+                    {"name": "tool_use", "template": "T{{ tools | length }}"}
+                ]
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&path).unwrap();
+        let extra = serde_json::Map::new();
+        assert_eq!(t.render(&[], None, false, &extra).unwrap(), "D<s></s>");
+        assert_eq!(t.render(&[], Some(&json!([1, 2])), false, &extra).unwrap(), "T2");
+
+        std::fs::write(&path, json!({"eos_token": 5}).to_string()).unwrap();
+        let err = ChatTemplate::from_tokenizer_config(&path).unwrap_err();
+        assert!(err.to_string().contains("eos_token"), "{err}");
+
+        std::fs::write(&path, json!({"eos_token": "x"}).to_string()).unwrap();
+        let err = ChatTemplate::from_tokenizer_config(&path).unwrap_err();
+        assert!(matches!(err, ChatTemplateError::MissingTemplate { .. }), "{err}");
+
+        std::fs::write(dir.path().join("chat_template.jinja"), "J{{ eos_token }}\n").unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&path).unwrap();
+        assert_eq!(t.render(&[], None, false, &extra).unwrap(), "Jx");
+
+        let err = ChatTemplate::from_tokenizer_config(dir.path().join("missing.json")).unwrap_err();
+        assert!(err.to_string().contains("missing.json"), "{err}");
+    }
+}

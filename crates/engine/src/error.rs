@@ -1,0 +1,26 @@
+//! The engine's error type: every failure a request or a checkpoint can cause, typed, so the
+//! CLI prints one line and the server (later) maps each kind to one HTTP status.
+
+use crate::chat_template::ChatTemplateError;
+use crate::sampler::SamplingError;
+use crate::tokenizer::TokenizerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] flint_model::ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// A request the engine cannot run as given (empty prompt, too long, ...).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A checkpoint that opened but lacks something serving needs (e.g. a tokenizer).
+    #[error("{0}")]
+    Load(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,126 @@
+//! Everything needed to serve a checkpoint, loaded together: the model, its tokenizer and chat
+//! template, and the ids that end generation. With no `--model`, a built-in demo (random weights
+//! with the real Qwen tokenizer) is synthesized once into the temp directory, so flint runs
+//! offline out of the box.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use flint_model::source::Checkpoint;
+use flint_model::synth::{synth, SynthOptions};
+use flint_model::Qwen2Model;
+
+use crate::chat_template::ChatTemplate;
+use crate::tokenizer::Tokenizer;
+use crate::EngineError;
+
+/// The Qwen `tokenizer_config.json` shipped with the repository (chat template, special tokens).
+pub const QWEN_TOKENIZER_CONFIG: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/qwen-tokenizer/tokenizer_config.json"));
+
+/// The shape the built-in demo model is synthesized with.
+pub const DEMO_SHAPE: &str = "tiny";
+
+pub struct LoadedModel {
+    pub model: Qwen2Model,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    /// Every id that ends generation (generation_config.json's list, then config.json's).
+    pub eos_token_ids: Vec<u32>,
+    /// What `--model` resolved to, for logs and the API's model name.
+    pub source: String,
+}
+
+impl LoadedModel {
+    /// Load `spec` (a directory, `.gguf` file or hub id), or the built-in demo when `None`.
+    pub fn load(spec: Option<&str>, device: &Device) -> Result<Self, EngineError> {
+        let spec = match spec {
+            Some(s) => s.to_string(),
+            None => demo_dir()?.to_string_lossy().into_owned(),
+        };
+        let ck = Checkpoint::open(&spec)?;
+        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, device)?;
+        let (tokenizer, chat_template) = tokenizer_and_template(&ck)?;
+        let mut eos_token_ids = ck.eos_token_ids().to_vec();
+        if let Some(eos) = chat_template_eos(&tokenizer, &ck.dir) {
+            if !eos_token_ids.contains(&eos) {
+                eos_token_ids.push(eos);
+            }
+        }
+        Ok(Self { model, tokenizer, chat_template, eos_token_ids, source: spec })
+    }
+
+    /// Ids the sampler may choose: the tokenizer's, never the embedding's padding rows.
+    pub fn valid_vocab(&self) -> usize {
+        self.tokenizer.len().min(self.model.config().vocab_size)
+    }
+}
+
+/// tokenizer.json (+ tokenizer_config.json's template) beside the weights, else the GGUF's own.
+fn tokenizer_and_template(ck: &Checkpoint) -> Result<(Tokenizer, Option<ChatTemplate>), EngineError> {
+    if let Some(g) = ck.gguf() {
+        let meta = flint_model::gguf::GgufTokenizerMeta::from_metadata(g.metadata()).ok_or_else(|| {
+            EngineError::Load(format!(
+                "{}: the GGUF file carries no tokenizer (tokenizer.ggml.tokens)",
+                g.path.display()
+            ))
+        })?;
+        let tok = Tokenizer::from_gguf(&meta)?;
+        let template = match &meta.chat_template {
+            Some(src) => {
+                let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i));
+                Some(ChatTemplate::new(src, name(meta.bos_token_id), name(meta.eos_token_id))?)
+            }
+            None => None,
+        };
+        return Ok((tok, template));
+    }
+    let tok_path = ck.dir.join("tokenizer.json");
+    if !tok_path.exists() {
+        return Err(EngineError::Load(format!("{}: no tokenizer.json beside the weights", tok_path.display())));
+    }
+    let tok = Tokenizer::from_file(&tok_path)?;
+    let cfg_path = ck.dir.join("tokenizer_config.json");
+    let template = if cfg_path.exists() { ChatTemplate::from_tokenizer_config(&cfg_path).ok() } else { None };
+    Ok((tok, template))
+}
+
+/// Chat models end a turn with the template's eos token (`<|im_end|>` for Qwen) even when
+/// generation_config.json is missing: stop on it too.
+fn chat_template_eos(tok: &Tokenizer, dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let eos = v.get("eos_token")?;
+    let s = eos.as_str().or_else(|| eos.get("content").and_then(|c| c.as_str()))?;
+    tok.token_to_id(s)
+}
+
+/// The demo checkpoint's directory, synthesized on first use. Written to a scratch directory
+/// and renamed into place, so a concurrent or interrupted first run never leaves half a model.
+fn demo_dir() -> Result<PathBuf, EngineError> {
+    let dir = std::env::temp_dir().join(format!("flint-demo-{DEMO_SHAPE}-{}", env!("CARGO_PKG_VERSION")));
+    if dir.join("config.json").exists() && dir.join("model.safetensors").exists() {
+        return Ok(dir);
+    }
+    let scratch = std::env::temp_dir().join(format!("flint-demo-{}-{}", std::process::id(), DEMO_SHAPE));
+    let tokenizer_json = Tokenizer::builtin_qwen_json()?;
+    synth(&SynthOptions {
+        shape: DEMO_SHAPE.to_string(),
+        out: scratch.clone(),
+        dtype: DType::F32,
+        gguf: None,
+        seed: 0,
+        tokenizer_json: Some(tokenizer_json),
+        tokenizer_config_json: Some(QWEN_TOKENIZER_CONFIG.as_bytes().to_vec()),
+        gguf_tokenizer: None,
+    })?;
+    match std::fs::rename(&scratch, &dir) {
+        Ok(()) => Ok(dir),
+        // Another process won the race: use its copy.
+        Err(_) if dir.join("model.safetensors").exists() => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            Ok(dir)
+        }
+        Err(e) => Err(EngineError::Load(format!("cannot place the demo model at {}: {e}", dir.display()))),
+    }
+}
