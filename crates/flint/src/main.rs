@@ -1,0 +1,188 @@
+//! `flint`: generate text, synthesize random checkpoints with real shapes, inspect checkpoints.
+//! Every failure ends with one `error: …` line on stderr and a non-zero exit.
+
+mod inspect;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::{Parser, Subcommand};
+use flint_engine::tokenizer::Tokenizer;
+use flint_engine::{generate, GenerateRequest, LoadedModel, SamplingParams};
+use flint_model::gguf_export::GgufType;
+use flint_model::synth::{synth, SynthOptions, SHAPES};
+
+#[derive(Parser)]
+#[command(name = "flint", version, about = "An inference server for Qwen2-family models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(GenerateArgs),
+    /// Write a random-weight checkpoint with the exact shapes of a real model.
+    Synth(SynthArgs),
+    /// Print a checkpoint's geometry, tensors and memory needs.
+    Inspect {
+        /// Local directory, .gguf file, or Hugging Face hub id.
+        #[arg(long)]
+        model: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// Local directory, .gguf file, or hub id; omitted: the built-in demo model.
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// One of the known shapes (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, deepseek-r1-distill-qwen-1.5b, tiny).
+    #[arg(long)]
+    shape: String,
+    #[arg(long)]
+    out: PathBuf,
+    /// Safetensors dtype.
+    #[arg(long, default_value = "bf16", value_parser = ["f32", "bf16", "f16"])]
+    dtype: String,
+    /// Write one GGUF file of this type instead of safetensors.
+    #[arg(long)]
+    gguf: Option<GgufType>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => run_generate(a),
+        Command::Synth(a) => run_synth(a),
+        Command::Inspect { model } => inspect::run(&model),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of contexts joined, newlines flattened.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed };
+    sampling.validate()?;
+    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu)?;
+    let prompt_ids = if a.chat {
+        let template = lm
+            .chat_template
+            .as_ref()
+            .context("--chat: the model has no chat template (no tokenizer_config.json chat_template or GGUF tokenizer.chat_template)")?;
+        let mut messages = Vec::new();
+        if let Some(s) = &a.system {
+            messages.push(serde_json::json!({"role": "system", "content": s}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": a.prompt}));
+        let text = template.render(&messages, None, true, &serde_json::Map::new())?;
+        lm.tokenizer.encode(&text, false)?
+    } else {
+        lm.tokenizer.encode(&a.prompt, false)?
+    };
+    if prompt_ids.is_empty() {
+        bail!("--prompt encodes to no tokens");
+    }
+    let req = GenerateRequest {
+        prompt_ids,
+        max_tokens: a.max_tokens,
+        sampling,
+        stop_token_ids: Vec::new(),
+        ignore_eos: a.ignore_eos,
+    };
+    let stdout = std::io::stdout();
+    let out = generate(&lm, &req, |piece| {
+        let mut lock = stdout.lock();
+        // A closed pipe (e.g. `| head`) must not abort generation with a panic.
+        let _ = lock.write_all(piece.as_bytes());
+        let _ = lock.flush();
+    })?;
+    println!();
+    eprintln!(
+        "prefill: {} tokens in {:.3}s ({:.1} tok/s) | decode: {} tokens in {:.3}s ({:.1} tok/s) | finish: {:?}",
+        out.prompt_tokens,
+        out.prefill_secs,
+        out.prefill_tok_per_s(),
+        out.token_ids.len(),
+        out.decode_secs,
+        out.decode_tok_per_s(),
+        out.finish_reason,
+    );
+    Ok(())
+}
+
+fn run_synth(a: SynthArgs) -> Result<()> {
+    if !SHAPES.contains(&a.shape.as_str()) {
+        bail!("--shape {:?} is not known; choose one of {}", a.shape, SHAPES.join(", "));
+    }
+    let dtype = match a.dtype.as_str() {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        _ => DType::BF16,
+    };
+    let tok = Tokenizer::builtin_qwen()?;
+    let cfg = flint_model::synth::shape_config(&a.shape)?;
+    let gguf_tokenizer = match a.gguf {
+        Some(_) => {
+            // The GGUF carries the chat template too, as llama.cpp's converter writes it.
+            let mut meta = tok.to_gguf_meta(cfg.vocab_size)?;
+            let tc: serde_json::Value = serde_json::from_str(flint_engine::loader::QWEN_TOKENIZER_CONFIG)?;
+            meta.chat_template = tc.get("chat_template").and_then(|t| t.as_str()).map(String::from);
+            Some(meta)
+        }
+        None => None,
+    };
+    let started = std::time::Instant::now();
+    let report = synth(&SynthOptions {
+        shape: a.shape.clone(),
+        out: a.out.clone(),
+        dtype,
+        gguf: a.gguf,
+        seed: a.seed,
+        tokenizer_json: Some(Tokenizer::builtin_qwen_json()?),
+        tokenizer_config_json: Some(flint_engine::loader::QWEN_TOKENIZER_CONFIG.as_bytes().to_vec()),
+        gguf_tokenizer,
+    })?;
+    eprintln!("wrote {} ({report:?}) in {:.1}s", a.out.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}

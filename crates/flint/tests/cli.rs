@@ -1,0 +1,191 @@
+//! The real `flint` binary, end to end: synth → inspect → generate on safetensors and GGUF, and
+//! every kind of bad checkpoint ending in one clear line and a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn flint(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(args)
+        // Keep the demo model and hub lookups inside the test's sandbox.
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run flint")
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit 1 (not clap's 2, not a panic's 101) and exactly one `error:` line that mentions `needles`.
+fn assert_one_line_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "expected a clean failure, got {:?}: {err}", o.status);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+#[test]
+fn synth_inspect_generate_tiny_safetensors_and_gguf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let st = tmp.path().join("tiny-st");
+    let o = flint(&["synth", "--shape", "tiny", "--out", st.to_str().unwrap(), "--dtype", "f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = flint(&["inspect", "--model", st.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("layers:          2"), "{text}");
+    assert!(text.contains("vocab size:      151936"), "{text}");
+
+    let gg = tmp.path().join("tiny-gguf");
+    let o = flint(&["synth", "--shape", "tiny", "--out", gg.to_str().unwrap(), "--gguf", "q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // Same seed, same weights: greedy text from safetensors and from its Q8_0 GGUF both run.
+    for model in [&st, &gg] {
+        let o = flint(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "Hello world",
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("prefill: 2 tokens") && err.contains("decode: 8 tokens"), "{err}");
+        let o =
+            flint(&["generate", "--model", model.to_str().unwrap(), "--prompt", "Hi", "--chat", "--max-tokens", "4"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn generate_without_model_uses_builtin_demo_and_is_deterministic() {
+    let run = || flint(&["generate", "--prompt", "Once upon a time", "--max-tokens", "6", "--ignore-eos"]);
+    let (a, b) = (run(), run());
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert!(stderr(&a).contains("decode: 6 tokens"), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout, "greedy output must not change between runs");
+    let s = |seed: &str| {
+        flint(&[
+            "generate",
+            "--prompt",
+            "Once",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+        ])
+    };
+    assert_eq!(s("3").stdout, s("3").stdout, "a seed must reproduce sampled output");
+}
+
+#[test]
+fn missing_model_path_is_one_line() {
+    let o = flint(&["inspect", "--model", "/nonexistent/model-dir"]);
+    assert_one_line_error(&o, &["/nonexistent/model-dir"]);
+}
+
+#[test]
+fn offline_hub_id_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["inspect", "--model", "Qwen/Qwen2.5-0.5B-Instruct"])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HOME", tmp.path())
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, &["Qwen/Qwen2.5-0.5B-Instruct", "HF_HUB_OFFLINE"]);
+}
+
+#[test]
+fn truncated_safetensors_names_file_and_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures().join("small-f32"), tmp.path());
+    let shard = tmp.path().join("model-00002-of-00002.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len / 2).unwrap();
+    let o = flint(&["inspect", "--model", tmp.path().to_str().unwrap()]);
+    assert_one_line_error(&o, &["model-00002-of-00002.safetensors", "tensor `", "truncated"]);
+}
+
+#[test]
+fn header_only_truncation_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures().join("small-f32"), tmp.path());
+    let shard = tmp.path().join("model-00001-of-00002.safetensors");
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(20).unwrap();
+    let o = flint(&["inspect", "--model", tmp.path().to_str().unwrap()]);
+    assert_one_line_error(&o, &["model-00001-of-00002.safetensors", "not a valid safetensors file"]);
+}
+
+#[test]
+fn corrupt_gguf_header_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("broken.gguf");
+    let mut bytes = std::fs::read(fixtures().join("small-gguf/model-q8_0.gguf")).unwrap();
+    bytes[0..4].copy_from_slice(b"GGXX");
+    std::fs::write(&bad, &bytes).unwrap();
+    let o = flint(&["inspect", "--model", bad.to_str().unwrap()]);
+    assert_one_line_error(&o, &["broken.gguf", "not a valid GGUF file"]);
+
+    // A valid magic with a header cut short.
+    let cut = tmp.path().join("cut.gguf");
+    let good = std::fs::read(fixtures().join("small-gguf/model-q8_0.gguf")).unwrap();
+    std::fs::write(&cut, &good[..300]).unwrap();
+    let o = flint(&["inspect", "--model", cut.to_str().unwrap()]);
+    assert_one_line_error(&o, &["cut.gguf", "not a valid GGUF file"]);
+}
+
+#[test]
+fn unknown_architecture_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures().join("small-f32"), tmp.path());
+    let cfg_path = tmp.path().join("config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap().replace("Qwen2ForCausalLM", "LlamaForCausalLM");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let o = flint(&["inspect", "--model", tmp.path().to_str().unwrap()]);
+    assert_one_line_error(&o, &["config.json", "LlamaForCausalLM"]);
+}
+
+#[test]
+fn wrong_tensor_shape_names_file_and_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures().join("small-f32"), tmp.path());
+    let cfg_path = tmp.path().join("config.json");
+    let cfg =
+        std::fs::read_to_string(&cfg_path).unwrap().replace("\"intermediate_size\": 512", "\"intermediate_size\": 384");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let o = flint(&["generate", "--model", tmp.path().to_str().unwrap(), "--prompt", "x"]);
+    assert_one_line_error(&o, &["model-0000", "model.layers.0.mlp.gate_proj.weight", "[384, 256]", "[512, 256]"]);
+}
+
+#[test]
+fn bad_cli_values_are_one_line() {
+    let o = flint(&["generate", "--prompt", "x", "--temperature=-1"]);
+    assert_one_line_error(&o, &["temperature"]);
+    let o = flint(&["synth", "--shape", "gpt-5", "--out", "/tmp/never"]);
+    assert_one_line_error(&o, &["gpt-5", "qwen2.5-0.5b"]);
+}
