@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use candle_core::DType;
 use flint_model::{ContiguousKvCache, ForwardBatch, LogitsRows};
 
 use crate::detokenizer::IncrementalDecoder;
@@ -75,7 +74,7 @@ pub fn generate(
         cfg.num_hidden_layers,
         cfg.num_key_value_heads,
         cfg.head_dim,
-        DType::F32,
+        lm.model.dtype(),
         lm.model.device(),
     );
     let mut sampler = Sampler::new(req.sampling.clone(), lm.valid_vocab());

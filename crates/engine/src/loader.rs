@@ -18,6 +18,10 @@ use crate::EngineError;
 pub const QWEN_TOKENIZER_CONFIG: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/qwen-tokenizer/tokenizer_config.json"));
 
+/// Token texts that end generation in Qwen-family vocabularies when the checkpoint cannot say
+/// (GGUF carries one eos id only).
+const END_OF_GENERATION_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>"];
+
 /// The shape the built-in demo model is synthesized with.
 pub const DEMO_SHAPE: &str = "tiny";
 
@@ -33,18 +37,26 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     /// Load `spec` (a directory, `.gguf` file or hub id), or the built-in demo when `None`.
-    pub fn load(spec: Option<&str>, device: &Device) -> Result<Self, EngineError> {
+    /// `dtype` is the compute dtype of dense weights; `None` picks [`auto_dtype`].
+    pub fn load(spec: Option<&str>, device: &Device, dtype: Option<DType>) -> Result<Self, EngineError> {
         let spec = match spec {
             Some(s) => s.to_string(),
             None => demo_dir()?.to_string_lossy().into_owned(),
         };
         let ck = Checkpoint::open(&spec)?;
-        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, device)?;
+        let dtype = dtype.unwrap_or_else(|| auto_dtype(&ck));
+        let model = Qwen2Model::load(&ck.config, &ck.weights, dtype, device)?;
         let (tokenizer, chat_template) = tokenizer_and_template(&ck)?;
         let mut eos_token_ids = ck.eos_token_ids().to_vec();
-        if let Some(eos) = chat_template_eos(&tokenizer, &ck.dir) {
-            if !eos_token_ids.contains(&eos) {
-                eos_token_ids.push(eos);
+        let mut extra: Vec<u32> = chat_template_eos(&tokenizer, &ck.dir).into_iter().collect();
+        if ck.gguf().is_some() {
+            // GGUF stores a single eos id; like llama.cpp, also end on the end-of-turn and
+            // end-of-text tokens the vocabulary defines (generation_config.json lists both).
+            extra.extend(END_OF_GENERATION_TOKENS.iter().filter_map(|t| tokenizer.token_to_id(t)));
+        }
+        for id in extra {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
             }
         }
         Ok(Self { model, tokenizer, chat_template, eos_token_ids, source: spec })
@@ -54,6 +66,37 @@ impl LoadedModel {
     pub fn valid_vocab(&self) -> usize {
         self.tokenizer.len().min(self.model.config().vocab_size)
     }
+}
+
+/// f32 (exact, and candle's fastest CPU path) unless the dense weights upcast to f32 would not fit
+/// in 80% of available memory; then the checkpoint's own 16-bit dtype, slower but it runs
+/// (a 7B bf16 checkpoint is 30 GB in f32).
+pub fn auto_dtype(ck: &Checkpoint) -> DType {
+    let f32_bytes: usize = ck
+        .weights
+        .tensors()
+        .iter()
+        .map(|t| match t.dtype.as_str() {
+            "F32" | "F16" | "BF16" => t.shape.iter().product::<usize>() * 4,
+            _ => t.bytes, // block-quantized weights stay quantized
+        })
+        .sum();
+    let budget = available_memory().map_or(usize::MAX, |m| m / 10 * 8);
+    if f32_bytes <= budget {
+        return DType::F32;
+    }
+    match ck.config.torch_dtype.as_deref() {
+        Some("float16") => DType::F16,
+        _ => DType::BF16,
+    }
+}
+
+/// `MemAvailable` from /proc/meminfo, where there is one.
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// tokenizer.json (+ tokenizer_config.json's template) beside the weights, else the GGUF's own.

@@ -38,7 +38,7 @@ fn prompts_and_greedy_tokens_match_transformers() {
 
     let tmp = tempfile::tempdir().unwrap();
     full_vocab_checkpoint(tmp.path());
-    let lm = LoadedModel::load(Some(tmp.path().to_str().unwrap()), &Device::Cpu).unwrap();
+    let lm = LoadedModel::load(Some(tmp.path().to_str().unwrap()), &Device::Cpu, None).unwrap();
     assert!(lm.eos_token_ids.contains(&151645) && lm.eos_token_ids.contains(&151643), "{:?}", lm.eos_token_ids);
     assert_eq!(lm.valid_vocab(), lm.tokenizer.len(), "padded vocab rows must be excluded");
 

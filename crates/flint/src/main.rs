@@ -64,6 +64,9 @@ struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens (benchmarks).
     #[arg(long)]
     ignore_eos: bool,
+    /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
+    dtype: String,
 }
 
 #[derive(clap::Args)]
@@ -104,7 +107,14 @@ fn main() -> ExitCode {
 fn run_generate(a: GenerateArgs) -> Result<()> {
     let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed };
     sampling.validate()?;
-    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu)?;
+    let dtype = match a.dtype.as_str() {
+        "f32" => Some(DType::F32),
+        "bf16" => Some(DType::BF16),
+        "f16" => Some(DType::F16),
+        _ => None,
+    };
+    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
+    eprintln!("loaded {} ({:?} compute)", lm.source, lm.model.dtype());
     let prompt_ids = if a.chat {
         let template = lm
             .chat_template
