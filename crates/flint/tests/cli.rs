@@ -189,3 +189,22 @@ fn bad_cli_values_are_one_line() {
     let o = flint(&["synth", "--shape", "gpt-5", "--out", "/tmp/never"]);
     assert_one_line_error(&o, &["gpt-5", "qwen2.5-0.5b"]);
 }
+
+#[test]
+fn offline_hub_id_resolves_from_the_local_cache() {
+    // The layout hf-hub (and huggingface_hub) use: hub/models--Org--Name/{refs/main, snapshots/REV/}.
+    let home = tempfile::tempdir().unwrap();
+    let repo = home.path().join("hub/models--acme--tiny-qwen");
+    let snap = repo.join("snapshots/0123456789abcdef");
+    copy_dir(&fixtures().join("small-f32"), &snap);
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["inspect", "--model", "acme/tiny-qwen"])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("vocab size:      512"));
+}

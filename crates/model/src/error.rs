@@ -25,7 +25,8 @@ pub enum ModelError {
     Safetensors { file: PathBuf, msg: String },
     #[error("{}: not a valid GGUF file: {msg}", file.display())]
     Gguf { file: PathBuf, msg: String },
-    #[error("model `{0}`")]
+    /// A hub id that could not be resolved; the message names the id and what to do.
+    #[error("{0}")]
     Hub(String),
     #[error("invalid batch: {0}")]
     Batch(String),

@@ -135,7 +135,7 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
         let repo = cache.model(id.to_string());
         let config = repo.get("config.json").ok_or_else(|| {
             ModelError::Hub(format!(
-                "{id}` is not in the local cache ({}) and HF_HUB_OFFLINE is set; download it first or pass a local directory",
+                "model `{id}` is not in the local cache ({}) and HF_HUB_OFFLINE is set; download it first or pass a local directory",
                 cache.path().display()
             ))
         })?;
@@ -145,11 +145,11 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
     let api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
         .with_progress(false)
         .build()
-        .map_err(|e| ModelError::Hub(format!("{id}`: cannot set up the hub client: {e}")))?;
+        .map_err(|e| ModelError::Hub(format!("model `{id}`: cannot set up the hub client: {e}")))?;
     let repo = api.model(id.to_string());
     let unreachable = |e: hf_hub::api::sync::ApiError| {
         ModelError::Hub(format!(
-            "{id}` could not be fetched from the Hugging Face hub ({e}); without network, set HF_HUB_OFFLINE=1 to use the local cache or pass a local directory"
+            "model `{id}` could not be fetched from the Hugging Face hub ({e}); without network, set HF_HUB_OFFLINE=1 to use the local cache or pass a local directory"
         ))
     };
     let mut dir = None;
@@ -160,7 +160,7 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
             Err(_) => {}
         }
     }
-    let dir = dir.ok_or_else(|| ModelError::Hub(format!("{id}`: no files")))?;
+    let dir = dir.ok_or_else(|| ModelError::Hub(format!("model `{id}`: no files")))?;
     // Weights: the sharded index if there is one, else the single file.
     match repo.get("model.safetensors.index.json") {
         Ok(index) => {

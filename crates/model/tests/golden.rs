@@ -296,3 +296,22 @@ fn full_vocab_bf16_compute_stays_close() {
     let r = Reference::load(&dir.join("reference.safetensors"));
     assert_within("full-vocab bf16 compute", &run_reference(&model, &r, 0.3), 0.15);
 }
+
+/// f16 safetensors (single file) of the small model: the loader's f16 path, computed in f32.
+#[test]
+fn small_f16_safetensors_stays_close() {
+    let src = fixtures().join("small-f32");
+    let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tensors = Vec::new();
+    for meta in ck.weights.tensors() {
+        let t = ck.weights.get_dense(&meta.name, &meta.shape, DType::F16, &Device::Cpu).unwrap();
+        tensors.push((meta.name.clone(), t));
+    }
+    candle_core::safetensors::save(&tensors.into_iter().collect(), tmp.path().join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+    let model = load(tmp.path());
+    let r = Reference::load(&src.join("reference.safetensors"));
+    // Measured 2e-3: f16 rounding of the weights.
+    assert_within("small f16", &run_reference(&model, &r, 1e-2), 5e-3);
+}
