@@ -39,6 +39,8 @@ pub struct GenerateOutcome {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
     pub prefill_secs: f64,
+    /// Forward passes after the prefill (the first token comes out of the prefill itself).
+    pub decode_steps: usize,
     pub decode_secs: f64,
 }
 
@@ -46,9 +48,9 @@ impl GenerateOutcome {
     pub fn prefill_tok_per_s(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
     }
-    /// Tokens after the first (the first comes out of prefill) per second of decoding.
+    /// Decode forward passes (one token each) per second.
     pub fn decode_tok_per_s(&self) -> f64 {
-        self.token_ids.len().saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+        self.decode_steps as f64 / self.decode_secs.max(1e-9)
     }
 }
 
@@ -100,6 +102,7 @@ pub fn generate(
     let mut text = String::new();
     let mut finish = FinishReason::Length;
     let mut pos = req.prompt_ids.len();
+    let mut decode_steps = 0;
     while out.len() < req.max_tokens {
         let tok = sampler.sample(&row);
         if stops.contains(&tok) {
@@ -119,6 +122,7 @@ pub fn generate(
         batch.push(0, pos, &[tok], LogitsRows::Last);
         row = first_row(lm.model.forward(&batch, &mut cache)?)?;
         pos += 1;
+        decode_steps += 1;
     }
     let rest = decoder.flush(&lm.tokenizer)?;
     if !rest.is_empty() {
@@ -131,6 +135,7 @@ pub fn generate(
         finish_reason: finish,
         prompt_tokens: req.prompt_ids.len(),
         prefill_secs,
+        decode_steps,
         decode_secs: t1.elapsed().as_secs_f64(),
     })
 }

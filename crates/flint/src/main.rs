@@ -149,13 +149,14 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     })?;
     println!();
     eprintln!(
-        "prefill: {} tokens in {:.3}s ({:.1} tok/s) | decode: {} tokens in {:.3}s ({:.1} tok/s) | finish: {:?}",
+        "prefill: {} tokens in {:.3}s ({:.1} tok/s) | decode: {} tokens in {:.3}s ({:.1} tok/s) | generated {} tokens, finish: {:?}",
         out.prompt_tokens,
         out.prefill_secs,
         out.prefill_tok_per_s(),
-        out.token_ids.len(),
+        out.decode_steps,
         out.decode_secs,
         out.decode_tok_per_s(),
+        out.token_ids.len(),
         out.finish_reason,
     );
     Ok(())

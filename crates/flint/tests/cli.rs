@@ -71,7 +71,10 @@ fn synth_inspect_generate_tiny_safetensors_and_gguf() {
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let err = stderr(&o);
-        assert!(err.contains("prefill: 2 tokens") && err.contains("decode: 8 tokens"), "{err}");
+        assert!(
+            err.contains("prefill: 2 tokens") && err.contains("decode: 7 tokens") && err.contains("generated 8 tokens"),
+            "{err}"
+        );
         let o =
             flint(&["generate", "--model", model.to_str().unwrap(), "--prompt", "Hi", "--chat", "--max-tokens", "4"]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -83,7 +86,7 @@ fn generate_without_model_uses_builtin_demo_and_is_deterministic() {
     let run = || flint(&["generate", "--prompt", "Once upon a time", "--max-tokens", "6", "--ignore-eos"]);
     let (a, b) = (run(), run());
     assert!(a.status.success(), "{}", stderr(&a));
-    assert!(stderr(&a).contains("decode: 6 tokens"), "{}", stderr(&a));
+    assert!(stderr(&a).contains("generated 6 tokens"), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout, "greedy output must not change between runs");
     let s = |seed: &str| {
         flint(&[
