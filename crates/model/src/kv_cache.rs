@@ -114,3 +114,45 @@ impl KvCache for ContiguousKvCache {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::LogitsRows;
+
+    fn chunk(slot: usize, context_len: usize, n: usize) -> SeqChunk {
+        SeqChunk { slot, context_len, num_tokens: n, logits: LogitsRows::None }
+    }
+
+    fn kv(n: usize, start: f32) -> Tensor {
+        Tensor::arange(start, start + (n * 2 * 3) as f32, &Device::Cpu).unwrap().reshape((n, 2, 3)).unwrap()
+    }
+
+    #[test]
+    fn grows_keeps_data_truncates_and_refuses_gaps() {
+        let mut c = ContiguousKvCache::new(2, 2, 3, DType::F32, &Device::Cpu);
+        let a = kv(50, 0.0);
+        for layer in 0..2 {
+            c.append(layer, &chunk(1, 0, 50), &a, &a).unwrap();
+        }
+        assert_eq!(c.len(1), 50);
+        // Past the first capacity (64): earlier entries survive the regrowth.
+        let b = kv(30, 1000.0);
+        let mut got = None;
+        for layer in 0..2 {
+            got = Some(c.append(layer, &chunk(1, 50, 30), &b, &b).unwrap());
+        }
+        let (k, _) = got.unwrap();
+        assert_eq!(k.dims(), &[80, 2, 3]);
+        assert_eq!(k.narrow(0, 0, 50).unwrap().to_vec3::<f32>().unwrap(), a.to_vec3::<f32>().unwrap());
+        assert_eq!(k.narrow(0, 50, 30).unwrap().to_vec3::<f32>().unwrap(), b.to_vec3::<f32>().unwrap());
+        // Roll back 10 tokens, then continue from 70.
+        c.truncate(1, 70);
+        assert_eq!(c.len(1), 70);
+        assert!(c.append(0, &chunk(1, 80, 1), &kv(1, 0.0), &kv(1, 0.0)).is_err(), "a gap must be refused");
+        c.append(0, &chunk(1, 70, 1), &kv(1, 0.0), &kv(1, 0.0)).unwrap();
+        c.free(1);
+        assert!(c.is_empty(1));
+        assert!(c.is_empty(7));
+    }
+}
