@@ -391,6 +391,7 @@ impl Tokenizer {
             merges,
             bos_token_id: None,
             eos_token_id: None,
+            padding_token_id: None,
             chat_template: None,
         })
     }

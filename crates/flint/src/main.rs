@@ -179,6 +179,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
             let mut meta = tok.to_gguf_meta(cfg.vocab_size)?;
             let tc: serde_json::Value = serde_json::from_str(flint_engine::loader::QWEN_TOKENIZER_CONFIG)?;
             meta.chat_template = tc.get("chat_template").and_then(|t| t.as_str()).map(String::from);
+            meta.padding_token_id = tc.get("pad_token").and_then(|t| t.as_str()).and_then(|t| tok.token_to_id(t));
             Some(meta)
         }
         None => None,

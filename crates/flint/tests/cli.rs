@@ -56,6 +56,13 @@ fn synth_inspect_generate_tiny_safetensors_and_gguf() {
     let gg = tmp.path().join("tiny-gguf");
     let o = flint(&["synth", "--shape", "tiny", "--out", gg.to_str().unwrap(), "--gguf", "q8_0"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The metadata llama.cpp's converter would write for a Qwen2.5 checkpoint.
+    let g = flint_model::weights::GgufWeights::open(&gg.join("model-q8_0.gguf")).unwrap();
+    let meta = flint_model::gguf::GgufTokenizerMeta::from_metadata(g.metadata()).unwrap();
+    assert_eq!((meta.model.as_str(), meta.pre.as_deref()), ("gpt2", Some("qwen2")));
+    assert_eq!(meta.tokens.len(), 151936, "tokens padded to the embedding's rows");
+    assert_eq!((meta.eos_token_id, meta.padding_token_id), (Some(151645), Some(151643)));
+    assert!(meta.chat_template.is_some_and(|t| t.contains("<|im_start|>")));
 
     // Same seed, same weights: greedy text from safetensors and from its Q8_0 GGUF both run.
     for model in [&st, &gg] {

@@ -120,6 +120,8 @@ pub struct GgufTokenizerMeta {
     pub merges: Vec<String>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
+    /// `pad_token` of tokenizer_config.json (Qwen: `<|endoftext|>`); the exporter falls back to eos.
+    pub padding_token_id: Option<u32>,
     pub chat_template: Option<String>,
 }
 
@@ -139,6 +141,7 @@ impl GgufTokenizerMeta {
             merges: m.strings("tokenizer.ggml.merges").unwrap_or_default(),
             bos_token_id: m.u64("tokenizer.ggml.bos_token_id").map(|x| x as u32),
             eos_token_id: m.u64("tokenizer.ggml.eos_token_id").map(|x| x as u32),
+            padding_token_id: m.u64("tokenizer.ggml.padding_token_id").map(|x| x as u32),
             chat_template: m.string("tokenizer.chat_template"),
         })
     }

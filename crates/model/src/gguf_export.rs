@@ -379,9 +379,9 @@ impl GgufExport<'_> {
             put("tokenizer.ggml.eos_token_id", GgufValue::U32(e));
         }
         if let Some(t) = self.tokenizer {
-            // Qwen2 has no pad token of its own; llama.cpp's converter pads with eos.
-            if let Some(e) = eos {
-                put("tokenizer.ggml.padding_token_id", GgufValue::U32(e));
+            // tokenizer_config.json's pad token when known (Qwen: <|endoftext|>), else eos.
+            if let Some(p) = t.padding_token_id.or(eos) {
+                put("tokenizer.ggml.padding_token_id", GgufValue::U32(p));
             }
             put("tokenizer.ggml.add_bos_token", GgufValue::Bool(false));
             if let Some(tpl) = &t.chat_template {
@@ -638,6 +638,7 @@ mod tests {
             merges: vec!["a b".into()],
             bos_token_id: None,
             eos_token_id: Some(1),
+            padding_token_id: None,
             chat_template: Some("{{ x }}".into()),
         };
         let export = GgufExport { config: &cfg, name: "t".into(), tokenizer: Some(&tok), ty: GgufType::Q8_0 };
