@@ -77,13 +77,13 @@ pub enum ChatTemplateError {
         path: String,
     },
     /// The template does not compile.
-    #[error("chat template syntax error: {0:#}")]
+    #[error("chat template syntax error: {0}")]
     Syntax(#[source] Error),
     /// The template called `raise_exception(message)` (e.g. to reject a role order).
     #[error("chat template raised an exception: {0}")]
     Raised(String),
     /// Rendering failed for another reason (bad attribute access, type error, ...).
-    #[error("cannot render chat template: {0:#}")]
+    #[error("cannot render chat template: {0}")]
     Render(#[source] Error),
     /// An extra variable collides with one the renderer sets itself.
     #[error("extra template variable \"{0}\" is reserved (set it through the dedicated argument)")]
@@ -350,7 +350,8 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // Search after the opening `{%`, so `{%}` cannot yield an end before the start.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -439,6 +440,9 @@ mod tests {
         assert!(matches!(err, ChatTemplateError::Syntax(_)), "{err:?}");
         let err = ChatTemplate::new("{% if %}", None, None).unwrap_err();
         assert!(err.to_string().contains("syntax error"), "{err}");
+        assert!(!err.to_string().contains('\n'), "one line: {err}");
+        // A stray `{%}` must be an error, not a slice panic in the tag rewriter.
+        assert!(ChatTemplate::new("a {%} b", None, None).is_err());
     }
 
     #[test]

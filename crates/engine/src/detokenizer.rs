@@ -14,6 +14,11 @@ use crate::tokenizer::{Result, Tokenizer};
 /// The replacement character a lossy decode produces for incomplete UTF-8.
 const REPLACEMENT: char = '\u{FFFD}';
 
+/// Tokens held back waiting for the rest of a UTF-8 character. A character is at most 4
+/// bytes, so beyond this the bytes are invalid for good and the full decode shows the
+/// replacement character too: emit it rather than hold text back (and re-decode) forever.
+const MAX_PENDING: usize = 4;
+
 /// Streaming decoder state for one sequence. Feed ids with [`push`](Self::push) and
 /// finish with [`flush`](Self::flush); the concatenated outputs equal
 /// `tokenizer.decode(all_ids, skip_special_tokens)`.
@@ -47,7 +52,13 @@ impl IncrementalDecoder {
         self.total += 1;
         let prefix = tok.decode(&self.ids[..self.read_offset], self.skip_special_tokens)?;
         let full = tok.decode(&self.ids, self.skip_special_tokens)?;
-        if full.len() > prefix.len() && !full.ends_with(REPLACEMENT) {
+        let pending = self.ids.len() - self.read_offset;
+        if full == prefix {
+            // A token that decodes to nothing (a skipped special token): it can never
+            // contribute text, so keep it out of the window instead of re-decoding it forever.
+            self.ids.pop();
+            Ok(String::new())
+        } else if full.len() > prefix.len() && (!full.ends_with(REPLACEMENT) || pending > MAX_PENDING) {
             let new_text = suffix_after(&full, &prefix);
             // The just-emitted tokens become the context window for the next step.
             self.ids.drain(..self.read_offset);
@@ -174,5 +185,18 @@ mod tests {
         assert_eq!(suffix_after("aXc", "ab"), "Xc");
         assert_eq!(suffix_after("é!", "éa"), "!");
         assert_eq!(suffix_after("a", "abc"), "");
+    }
+
+    #[test]
+    fn skipped_special_tokens_do_not_grow_the_window() {
+        let tok = qwen();
+        let mut dec = IncrementalDecoder::new(true);
+        let mut out = String::new();
+        for _ in 0..1000 {
+            out.push_str(&dec.push(tok, 151645).unwrap()); // <|im_end|>, skipped
+        }
+        assert!(dec.ids.len() <= 1, "window grew to {}", dec.ids.len());
+        out.push_str(&dec.push(tok, 9707).unwrap()); // "Hello"
+        assert_eq!(out, "Hello");
     }
 }

@@ -65,7 +65,7 @@ pub fn generate(
     if req.prompt_ids.is_empty() {
         return Err(EngineError::InvalidRequest("the prompt is empty".into()));
     }
-    let max_len = cfg.max_position_embeddings;
+    let max_len = cfg.max_context_len();
     if req.prompt_ids.len() >= max_len {
         return Err(EngineError::InvalidRequest(format!(
             "the prompt has {} tokens but the model's maximum context length is {max_len}",

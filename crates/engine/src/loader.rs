@@ -10,7 +10,7 @@ use flint_model::source::Checkpoint;
 use flint_model::synth::{synth, SynthOptions};
 use flint_model::Qwen2Model;
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 
@@ -108,11 +108,15 @@ fn tokenizer_and_template(ck: &Checkpoint) -> Result<(Tokenizer, Option<ChatTemp
                 g.path.display()
             ))
         })?;
-        let tok = Tokenizer::from_gguf(&meta)?;
+        let in_file = |e: &dyn std::fmt::Display| EngineError::Load(format!("{}: {e}", g.path.display()));
+        let tok = Tokenizer::from_gguf(&meta).map_err(|e| in_file(&e))?;
         let template = match &meta.chat_template {
             Some(src) => {
                 let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i));
-                Some(ChatTemplate::new(src, name(meta.bos_token_id), name(meta.eos_token_id))?)
+                Some(
+                    ChatTemplate::new(src, name(meta.bos_token_id), name(meta.eos_token_id))
+                        .map_err(|e| in_file(&e))?,
+                )
             }
             None => None,
         };
@@ -124,7 +128,13 @@ fn tokenizer_and_template(ck: &Checkpoint) -> Result<(Tokenizer, Option<ChatTemp
     }
     let tok = Tokenizer::from_file(&tok_path)?;
     let cfg_path = ck.dir.join("tokenizer_config.json");
-    let template = if cfg_path.exists() { ChatTemplate::from_tokenizer_config(&cfg_path).ok() } else { None };
+    // No template is fine (base models); a broken one is an error the user must see.
+    let template = match ChatTemplate::from_tokenizer_config(&cfg_path) {
+        Ok(t) => Some(t),
+        Err(ChatTemplateError::MissingTemplate { .. }) => None,
+        Err(_) if !cfg_path.exists() => None,
+        Err(e) => return Err(EngineError::Load(format!("{}: {e}", cfg_path.display()))),
+    };
     Ok((tok, template))
 }
 

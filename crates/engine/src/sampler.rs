@@ -43,8 +43,9 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Temperatures below 1e-5 (vLLM's threshold) are greedy: dividing by them overflows.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.temperature < 1e-5 || self.top_k == 1
     }
 }
 
@@ -71,12 +72,16 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
+        // A +inf logit (16-bit overflow) is a certainty; NaN and -inf are never candidates.
+        if let Some(i) = logits.iter().position(|&l| l == f32::INFINITY) {
+            return i as u32;
+        }
         let inv_t = 1.0 / self.params.temperature;
         // Candidates: the top-k ids (all ids when top-k is off), best first.
         let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l * inv_t)).collect();
+            logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)).collect();
         if cand.is_empty() {
-            return 0;
+            return argmax(logits);
         }
         let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if self.params.top_k > 0 && self.params.top_k < cand.len() {
@@ -84,9 +89,13 @@ impl Sampler {
             cand.truncate(self.params.top_k);
         }
         cand.sort_unstable_by(desc);
+        // Scale after subtracting the max: (l - max) ≤ 0, so the exponent never overflows.
         let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
+        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) * inv_t).exp()).collect();
         let total: f32 = probs.iter().sum();
+        if !total.is_finite() || total <= 0.0 {
+            return cand[0].0;
+        }
         probs.iter_mut().for_each(|p| *p /= total);
         // Nucleus: the smallest prefix whose mass reaches top_p (always at least one token).
         let mut keep = probs.len();
@@ -153,6 +162,21 @@ mod tests {
         assert_eq!(a, draw(&p));
         assert!(a.iter().all(|t| top5.contains(t)));
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 1);
+    }
+
+    #[test]
+    fn extreme_values_never_pick_the_least_likely() {
+        let logits = vec![1.0f32, f32::NAN, 3.0, f32::NEG_INFINITY, 2.0];
+        for t in [1e-30f32, 1e-6, 1e-3, 1.0, 1e30] {
+            let mut s = Sampler::new(SamplingParams { temperature: t, top_p: 1.0, top_k: 0, seed: Some(3) }, 5);
+            let picks: Vec<u32> = (0..50).map(|_| s.sample(&logits)).collect();
+            assert!(picks.iter().all(|&p| p == 0 || p == 2 || p == 4), "t={t}: {picks:?}");
+            if t <= 1e-3 {
+                assert!(picks.iter().all(|&p| p == 2), "t={t}: {picks:?}");
+            }
+        }
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: Some(3) }, 3);
+        assert_eq!(s.sample(&[0.0, f32::INFINITY, 1.0]), 1);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub fn run(spec: &str) -> Result<()> {
     );
     println!("mlp size:        {}", c.intermediate_size);
     println!("vocab size:      {}", c.vocab_size);
-    println!("max positions:   {}", c.max_position_embeddings);
+    println!("max positions:   {} (serves up to {} tokens)", c.max_position_embeddings, c.max_context_len());
     println!("tied embeddings: {}", if c.tie_word_embeddings { "yes" } else { "no" });
     let rope = match &c.rope.scaling {
         RopeScaling::None => "none".to_string(),
@@ -61,7 +61,7 @@ pub fn run(spec: &str) -> Result<()> {
         println!("  {dtype:<6} {} parameters, {} bytes", group(*n), group(*bytes));
     }
     // KV bytes at the checkpoint's own precision (what GPU servers store), and at f32, the cache
-    // dtype flint uses on CPU today.
+    // dtype flint's CPU path uses when weights are computed in f32 (the default that fits).
     let native = match c.torch_dtype.as_deref() {
         Some("float32") => 4,
         _ => 2,

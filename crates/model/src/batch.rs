@@ -59,7 +59,8 @@ impl ForwardBatch {
         for s in &self.seqs {
             match s.logits {
                 LogitsRows::None => {}
-                LogitsRows::Last => rows.push(offset + s.num_tokens - 1),
+                LogitsRows::Last if s.num_tokens > 0 => rows.push(offset + s.num_tokens - 1),
+                LogitsRows::Last => {}
                 LogitsRows::All => rows.extend(offset..offset + s.num_tokens),
             }
             offset += s.num_tokens;
@@ -79,6 +80,18 @@ impl ForwardBatch {
         }
         if self.seqs.iter().any(|s| s.num_tokens == 0) {
             return Err(ModelError::Batch("a sequence chunk has no tokens".into()));
+        }
+        // RoPE reads `positions`, the mask and the cache read `context_len`: they must agree.
+        let mut offset = 0;
+        for s in &self.seqs {
+            let expected = (s.context_len..s.context_len + s.num_tokens).map(|p| p as u32);
+            if !self.positions[offset..offset + s.num_tokens].iter().copied().eq(expected) {
+                return Err(ModelError::Batch(format!(
+                    "slot {}: positions do not continue from context_len {}",
+                    s.slot, s.context_len
+                )));
+            }
+            offset += s.num_tokens;
         }
         let mut slots: Vec<usize> = self.seqs.iter().map(|s| s.slot).collect();
         slots.sort_unstable();
@@ -104,5 +117,9 @@ mod tests {
         b.validate().unwrap();
         b.push(0, 11, &[7], LogitsRows::Last);
         assert!(b.validate().is_err());
+        let mut c = ForwardBatch::new();
+        c.push(0, 4, &[1, 2], LogitsRows::Last);
+        c.positions[1] = 9;
+        assert!(c.validate().unwrap_err().to_string().contains("positions"));
     }
 }

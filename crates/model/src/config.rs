@@ -149,9 +149,15 @@ impl Qwen2Config {
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if !head_dim.is_multiple_of(2) {
-            return Err(ModelError::Config(format!("head_dim {head_dim} must be even for RoPE")));
-        }
+        check_geometry(
+            raw.num_hidden_layers,
+            raw.hidden_size,
+            raw.num_attention_heads,
+            num_kv,
+            head_dim,
+            raw.intermediate_size,
+            raw.vocab_size,
+        )?;
         let rope = parse_rope(
             raw.rope_theta,
             raw.rope_scaling.as_ref(),
@@ -181,6 +187,19 @@ impl Qwen2Config {
         })
     }
 
+    /// The longest sequence the model serves. Qwen2.5 enables 128K by adding YaRN ×4 over
+    /// `original_max_position_embeddings` 32768 while leaving `max_position_embeddings` at 32768,
+    /// so with YaRN the scaled length counts (as vLLM derives it).
+    pub fn max_context_len(&self) -> usize {
+        match &self.rope.scaling {
+            RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
+                let scaled = (*original_max_position_embeddings as f64 * factor.max(1.0)) as usize;
+                self.max_position_embeddings.max(scaled)
+            }
+            _ => self.max_position_embeddings,
+        }
+    }
+
     /// Bytes of K and V per token for the whole model at `bytes_per_elem`.
     pub fn kv_bytes_per_token(&self, bytes_per_elem: usize) -> usize {
         2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_elem
@@ -191,7 +210,8 @@ impl Qwen2Config {
 /// a window is given, and the layer index is at least `max_window_layers` — unless `layer_types`
 /// spells it out per layer.
 fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
-    let window = if raw.use_sliding_window { raw.sliding_window } else { None };
+    // transformers' Qwen2Config defaults: sliding_window 4096, max_window_layers 28.
+    let window = if raw.use_sliding_window { Some(raw.sliding_window.unwrap_or(4096)) } else { None };
     let Some(window) = window else {
         return Ok(vec![None; n]);
     };
@@ -204,16 +224,54 @@ fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
         }
         return Ok(types.iter().map(|t| (t == "sliding_attention").then_some(window)).collect());
     }
-    let first = raw.max_window_layers.unwrap_or(0);
+    let first = raw.max_window_layers.unwrap_or(28);
     Ok((0..n).map(|i| (i >= first).then_some(window)).collect())
 }
 
+/// Token ids as written (a number or a list); ids that do not fit u32 are dropped rather
+/// than truncated into some other token.
 fn token_ids(v: &Value) -> Vec<u32> {
+    let one = |x: &Value| x.as_u64().and_then(|u| u32::try_from(u).ok());
     match v {
-        Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Value::Array(items) => items.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
-        _ => Vec::new(),
+        Value::Array(items) => items.iter().filter_map(one).collect(),
+        other => one(other).into_iter().collect(),
     }
+}
+
+/// Geometry a real checkpoint can have, checked before anything is sized from it, so a corrupt
+/// or hostile config is an error line rather than an allocation failure or an overflow.
+pub(crate) fn check_geometry(
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    intermediate: usize,
+    vocab: usize,
+) -> Result<()> {
+    let bounded = |name: &str, v: usize, max: usize| {
+        if v == 0 || v > max {
+            Err(ModelError::Config(format!("{name} {v} is out of range (1..={max})")))
+        } else {
+            Ok(())
+        }
+    };
+    bounded("num_hidden_layers", layers, 1024)?;
+    bounded("hidden_size", hidden, 1 << 17)?;
+    bounded("num_attention_heads", heads, 1024)?;
+    bounded("num_key_value_heads", kv_heads, heads)?;
+    bounded("head_dim", head_dim, 1024)?;
+    bounded("intermediate_size", intermediate, 1 << 20)?;
+    bounded("vocab_size", vocab, 1 << 24)?;
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(ModelError::Config(format!(
+            "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )));
+    }
+    if !head_dim.is_multiple_of(2) {
+        return Err(ModelError::Config(format!("head_dim {head_dim} must be even for RoPE")));
+    }
+    Ok(())
 }
 
 /// `default_original`: what transformers falls back to when `rope_scaling` has no
@@ -374,6 +432,15 @@ mod tests {
             serde_json::json!({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32768}),
         );
         let (a, b, c) = (parse(&a).unwrap(), parse(&b).unwrap(), parse(&c).unwrap());
+        let mut q = base();
+        q.insert("max_position_embeddings".into(), serde_json::json!(32768));
+        q.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
+        assert_eq!(parse(&q).unwrap().max_context_len(), 131072, "Qwen2.5's 128K recipe: YaRN x4 over 32768");
+        q.remove("rope_scaling");
+        assert_eq!(parse(&q).unwrap().max_context_len(), 32768);
         assert!(matches!(a.rope.scaling, RopeScaling::Yarn { factor, .. } if factor == 4.0));
         assert_eq!(a.rope, b.rope);
         assert_eq!(a.rope, c.rope);

@@ -164,11 +164,14 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
         return Err(ModelError::Config(format!("GGUF head counts {heads}/{kv_heads} are inconsistent")));
     }
     let head_dim = m.u64(&k("attention.key_length")).map_or(hidden / heads, |x| x as usize);
+    let layers = m.need_u64(&k("block_count"))? as usize;
+    let intermediate = m.need_u64(&k("feed_forward_length"))? as usize;
     let embd = content
         .tensor_infos
         .get("token_embd.weight")
         .ok_or_else(|| ModelError::Config("GGUF has no token_embd.weight".into()))?;
     let vocab_size = embd.shape.dims().first().copied().unwrap_or(0);
+    crate::config::check_geometry(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab_size)?;
     let theta = m.f64(&k("rope.freq_base")).unwrap_or(10000.0);
     let scaling = match m.string(&k("rope.scaling.type")).as_deref() {
         None | Some("none") => RopeScaling::None,
@@ -189,12 +192,11 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
         }
         Some(other) => return Err(ModelError::Config(format!("GGUF rope scaling {other:?} is not supported"))),
     };
-    let layers = m.need_u64(&k("block_count"))? as usize;
     let window = m.u64(&k("attention.sliding_window")).map(|x| x as usize);
     Ok(Qwen2Config {
         vocab_size,
         hidden_size: hidden,
-        intermediate_size: m.need_u64(&k("feed_forward_length"))? as usize,
+        intermediate_size: intermediate,
         num_hidden_layers: layers,
         num_attention_heads: heads,
         num_key_value_heads: kv_heads,

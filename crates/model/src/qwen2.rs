@@ -99,8 +99,9 @@ impl Qwen2Model {
             });
         }
         let norm_f = norm("model.norm.weight")?;
-        // Some checkpoints say tied but still ship lm_head (and vice versa): use what is there.
-        let (embed_tokens, lm_head) = if !cfg.tie_word_embeddings || weights.contains("lm_head.weight") {
+        // As transformers: a tied model uses the embedding as lm_head even if the file also
+        // ships an `lm_head.weight`; an untied one must ship it.
+        let (embed_tokens, lm_head) = if !cfg.tie_word_embeddings {
             let head = linear("lm_head", cfg.vocab_size, h, false)?;
             (embedding(embed_w), head)
         } else {

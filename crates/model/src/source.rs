@@ -174,6 +174,9 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
                 .unwrap_or_default();
             shards.sort();
             shards.dedup();
+            if let Some(bad) = shards.iter().find(|s| s.contains("..") || s.starts_with('/') || s.contains('\\')) {
+                return Err(ModelError::Hub(format!("model `{id}`: weight_map names an unsafe path `{bad}`")));
+            }
             for s in shards {
                 repo.get(&s).map_err(unreachable)?;
             }

@@ -130,6 +130,13 @@ impl SafetensorsFiles {
             let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
             names.sort_unstable();
             names.dedup();
+            // Shards live beside the index: a path that leaves the directory is refused.
+            if let Some(bad) = names.iter().find(|n| !is_plain_file_name(n)) {
+                return Err(ModelError::Safetensors {
+                    file: index_path.clone(),
+                    msg: format!("weight_map names `{bad}`, which is not a file in the model directory"),
+                });
+            }
             names.into_iter().map(|n| dir.join(n)).collect()
         } else if single.exists() {
             vec![single]
@@ -168,7 +175,13 @@ impl SafetensorsFiles {
                         ),
                     });
                 }
-                index.insert(name, i);
+                if index.insert(name.clone(), i).is_some() {
+                    return Err(ModelError::BadTensor {
+                        file: path.clone(),
+                        name,
+                        msg: "appears in more than one shard".into(),
+                    });
+                }
             }
             files.push(MappedFile { path: path.clone(), mmap, data_start, metadata });
         }
@@ -280,6 +293,10 @@ impl GgufWeights {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\'])
 }
 
 /// Turn the safetensors crate's terse header error into one that names the first tensor whose
