@@ -45,15 +45,17 @@ impl LoadedModel {
         };
         let ck = Checkpoint::open(&spec)?;
         let dtype = dtype.unwrap_or_else(|| auto_dtype(&ck));
-        let model = Qwen2Model::load(&ck.config, &ck.weights, dtype, device)?;
+        // The tokenizer first: a missing one should not cost a full weight load to discover.
         let (tokenizer, chat_template) = tokenizer_and_template(&ck)?;
+        let model = Qwen2Model::load(&ck.config, &ck.weights, dtype, device)?;
         let mut eos_token_ids = ck.eos_token_ids().to_vec();
-        let mut extra: Vec<u32> = chat_template_eos(&tokenizer, &ck.dir).into_iter().collect();
-        if ck.gguf().is_some() {
+        let extra: Vec<u32> = if ck.gguf().is_some() {
             // GGUF stores a single eos id; like llama.cpp, also end on the end-of-turn and
             // end-of-text tokens the vocabulary defines (generation_config.json lists both).
-            extra.extend(END_OF_GENERATION_TOKENS.iter().filter_map(|t| tokenizer.token_to_id(t)));
-        }
+            END_OF_GENERATION_TOKENS.iter().filter_map(|t| tokenizer.token_to_id(t)).collect()
+        } else {
+            chat_template_eos(&tokenizer, &ck.dir).into_iter().collect()
+        };
         for id in extra {
             if !eos_token_ids.contains(&id) {
                 eos_token_ids.push(id);

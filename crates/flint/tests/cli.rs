@@ -188,8 +188,16 @@ fn wrong_tensor_shape_names_file_and_tensor() {
     let cfg =
         std::fs::read_to_string(&cfg_path).unwrap().replace("\"intermediate_size\": 512", "\"intermediate_size\": 384");
     std::fs::write(&cfg_path, cfg).unwrap();
+    let tokenizer = flint_engine::tokenizer::Tokenizer::builtin_qwen_json().unwrap();
+    std::fs::write(tmp.path().join("tokenizer.json"), tokenizer).unwrap();
     let o = flint(&["generate", "--model", tmp.path().to_str().unwrap(), "--prompt", "x"]);
     assert_one_line_error(&o, &["model-0000", "model.layers.0.mlp.gate_proj.weight", "[384, 256]", "[512, 256]"]);
+}
+
+#[test]
+fn missing_tokenizer_is_one_line() {
+    let o = flint(&["generate", "--model", fixtures().join("small-f32").to_str().unwrap(), "--prompt", "x"]);
+    assert_one_line_error(&o, &["tokenizer.json"]);
 }
 
 #[test]
