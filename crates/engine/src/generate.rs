@@ -72,13 +72,7 @@ pub fn generate(
             req.prompt_ids.len()
         )));
     }
-    let mut cache = ContiguousKvCache::new(
-        cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        lm.model.dtype(),
-        lm.model.device(),
-    );
+    let mut cache = ContiguousKvCache::for_config(cfg, lm.model.dtype(), lm.model.device());
     let mut sampler = Sampler::new(req.sampling.clone(), lm.valid_vocab());
     let mut decoder = IncrementalDecoder::new(true);
     let stops: Vec<u32> = if req.ignore_eos { Vec::new() } else { lm.eos_token_ids.clone() }

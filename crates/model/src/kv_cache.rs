@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::batch::SeqChunk;
+use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 
 pub trait KvCache {
@@ -35,6 +36,11 @@ struct SlotBuffers {
 impl ContiguousKvCache {
     pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Self {
         Self { num_layers, kv_heads, head_dim, dtype, device: device.clone(), slots: Vec::new() }
+    }
+
+    /// A cache shaped for `cfg`'s layers and KV heads.
+    pub fn for_config(cfg: &Qwen2Config, dtype: DType, device: &Device) -> Self {
+        Self::new(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
     }
 
     /// Tokens cached for `slot` (0 if the slot is unused).

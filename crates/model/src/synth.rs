@@ -595,13 +595,7 @@ mod tests {
         let ck = Checkpoint::open(spec).unwrap();
         let cfg = ck.config.clone();
         let model = Qwen2Model::load(&cfg, &ck.weights, DType::F32, &Device::Cpu).unwrap();
-        let mut cache = ContiguousKvCache::new(
-            cfg.num_hidden_layers,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            DType::F32,
-            &Device::Cpu,
-        );
+        let mut cache = ContiguousKvCache::for_config(&cfg, DType::F32, &Device::Cpu);
         let mut batch = ForwardBatch::new();
         batch.push(0, 0, &[9707, 11, 151643], LogitsRows::All);
         let logits = model.forward(&batch, &mut cache).unwrap().unwrap();

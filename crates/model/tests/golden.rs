@@ -97,13 +97,7 @@ fn run_reference(model: &Qwen2Model, reference: &Reference, decisive: f32) -> Ou
         let margins = reference.f32s.get(&format!("greedy_margin.{k}")).map(|(_, m)| m.clone());
         let decides = |j: usize| margins.as_ref().is_none_or(|m| m[j] > decisive);
         let cfg = model.config();
-        let mut cache = ContiguousKvCache::new(
-            cfg.num_hidden_layers,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            DType::F32,
-            &Device::Cpu,
-        );
+        let mut cache = ContiguousKvCache::for_config(cfg, DType::F32, &Device::Cpu);
         let mut batch = ForwardBatch::new();
         batch.push(0, 0, &prompt, LogitsRows::All);
         let logits = to_rows(&model.forward(&batch, &mut cache).unwrap().unwrap());
@@ -188,8 +182,7 @@ fn batched_chunked_prefill_matches_reference() {
     let model = load(&dir);
     let r = Reference::load(&dir.join("reference.safetensors"));
     let cfg = model.config();
-    let mut cache =
-        ContiguousKvCache::new(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, DType::F32, &Device::Cpu);
+    let mut cache = ContiguousKvCache::for_config(cfg, DType::F32, &Device::Cpu);
     let prompts: Vec<Vec<u32>> = (0..r.num_prompts()).map(|k| r.ids(&format!("prompt.{k}"))).collect();
     let mut done = vec![0usize; prompts.len()];
     let mut last_rows: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
