@@ -25,6 +25,9 @@ pub struct SeqChunk {
     /// How many new tokens of the batch belong to this sequence.
     pub num_tokens: usize,
     pub logits: LogitsRows,
+    /// The paged cache's block table: position `p` lives in block `blocks[p / block_size]`.
+    /// Empty for caches addressed by `slot` alone (the contiguous one).
+    pub blocks: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -43,9 +46,21 @@ impl ForwardBatch {
 
     /// Append a sequence's new tokens, continuing after `context_len` cached ones.
     pub fn push(&mut self, slot: usize, context_len: usize, tokens: &[u32], logits: LogitsRows) {
+        self.push_paged(slot, context_len, tokens, logits, Vec::new());
+    }
+
+    /// Append a sequence whose keys and values live in the paged blocks `blocks`.
+    pub fn push_paged(
+        &mut self,
+        slot: usize,
+        context_len: usize,
+        tokens: &[u32],
+        logits: LogitsRows,
+        blocks: Vec<u32>,
+    ) {
         self.tokens.extend_from_slice(tokens);
         self.positions.extend((0..tokens.len()).map(|i| (context_len + i) as u32));
-        self.seqs.push(SeqChunk { slot, context_len, num_tokens: tokens.len(), logits });
+        self.seqs.push(SeqChunk { slot, context_len, num_tokens: tokens.len(), logits, blocks });
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -1,22 +1,31 @@
-//! The model's view of a KV cache it does not own. The forward pass hands each layer's new keys
-//! and values to the cache and gets back what the chunk attends to; where they live (contiguous
-//! buffers here, paged blocks in the engine) is the cache's business.
+//! The model's view of a KV cache it does not own. Each layer hands the cache the batch's new
+//! queries, keys and values; the cache stores the keys and values and returns the attention
+//! output, because only the cache knows where the context lives (contiguous buffers here, paged
+//! blocks in [`crate::paged_cache`]) and so how to read it without copying.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, D};
 
-use crate::batch::SeqChunk;
+use crate::batch::{ForwardBatch, SeqChunk};
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 
 pub trait KvCache {
-    /// Store `k`/`v` (`[num_tokens, kv_heads, head_dim]`) of `chunk` for `layer` at positions
-    /// `context_len..context_len + num_tokens`, and return the sequence's keys and values for
-    /// positions `0..context_len + num_tokens`, each `[len, kv_heads, head_dim]`.
-    fn append(&mut self, layer: usize, chunk: &SeqChunk, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)>;
+    /// Store `k`/`v` (`[N, kv_heads, head_dim]`, the batch's new tokens) for `layer` and return
+    /// causal attention of `q` (`[N, q_heads, head_dim]`, RoPE applied) over each sequence's
+    /// context, `[N, q_heads·head_dim]` in `q`'s dtype. `window`: sliding-window size, if any.
+    fn attention(
+        &mut self,
+        layer: usize,
+        batch: &ForwardBatch,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor>;
 }
 
-/// One growable contiguous buffer per (slot, layer): the simple cache used by `flint generate`
-/// and the golden tests until the engine's paged cache replaces it.
+/// One growable contiguous buffer per (slot, layer), attended with candle's matmul: the simple
+/// cache of `flint generate` and the straightforward reference the paged cache is tested against.
 pub struct ContiguousKvCache {
     num_layers: usize,
     kv_heads: usize,
@@ -94,7 +103,8 @@ impl ContiguousKvCache {
     }
 }
 
-impl KvCache for ContiguousKvCache {
+impl ContiguousKvCache {
+    /// Store `chunk`'s keys and values and return its whole context, `[len, kv_heads, head_dim]`.
     fn append(&mut self, layer: usize, chunk: &SeqChunk, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         if layer >= self.num_layers {
             return Err(ModelError::Batch(format!("layer {layer} out of range")));
@@ -121,17 +131,97 @@ impl KvCache for ContiguousKvCache {
     }
 }
 
+impl KvCache for ContiguousKvCache {
+    fn attention(
+        &mut self,
+        layer: usize,
+        batch: &ForwardBatch,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let mut outs = Vec::with_capacity(batch.seqs.len());
+        let mut offset = 0;
+        for chunk in &batch.seqs {
+            let len = chunk.num_tokens;
+            let (kc, vc) = self.append(layer, chunk, &k.narrow(0, offset, len)?, &v.narrow(0, offset, len)?)?;
+            outs.push(attend(&q.narrow(0, offset, len)?, &kc, &vc, chunk.context_len, window)?);
+            offset += len;
+        }
+        Ok(if outs.len() == 1 { outs.remove(0) } else { Tensor::cat(&outs, 0)? })
+    }
+}
+
+/// Causal attention of one sequence's new queries `[n, hq, d]` over its keys and values
+/// `[T, hkv, d]` (T = ctx + n). Returns `[n, hq·d]`. Grouped-query attention folds the query
+/// heads sharing a KV head into the rows of one matrix product instead of repeating K/V.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, ctx: usize, window: Option<usize>) -> Result<Tensor> {
+    let (n, hq, d) = q.dims3()?;
+    let (t, hkv, _) = k.dims3()?;
+    let g = hq / hkv;
+    let dtype = q.dtype();
+    // Rows of each KV head's score matrix: token i, group member j → row i·g + j.
+    let q = q.reshape((n, hkv, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((hkv, n * g, d))?;
+    let k = k.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?; // [hkv, T, d]
+    let v = v.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?; // [hkv, n·g, T]
+    let scores = match causal_mask(n, g, t, ctx, window) {
+        Some(mask) => scores.broadcast_add(&Tensor::from_vec(mask, (n * g, t), q.device())?)?,
+        None => scores,
+    };
+    let max = scores.max_keepdim(D::Minus1)?;
+    let e = scores.broadcast_sub(&max)?.exp()?;
+    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?.to_dtype(dtype)?;
+    let out = p.matmul(&v)?; // [hkv, n·g, d]
+    Ok(out.reshape((hkv, n, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((n, hq * d))?)
+}
+
+/// Additive mask `[n·g, T]`: token i (at position ctx + i) sees keys j ≤ ctx + i, and with a
+/// sliding window only the last `window` of them. `None` when nothing is masked.
+fn causal_mask(n: usize, g: usize, t: usize, ctx: usize, window: Option<usize>) -> Option<Vec<f32>> {
+    let windowed = window.is_some_and(|w| t > w);
+    if n == 1 && !windowed {
+        return None;
+    }
+    let mut mask = vec![0f32; n * g * t];
+    for i in 0..n {
+        let pos = ctx + i;
+        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        for j in 0..g {
+            let row = &mut mask[(i * g + j) * t..(i * g + j + 1) * t];
+            for (key, m) in row.iter_mut().enumerate() {
+                if key > pos || key < lo {
+                    *m = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Some(mask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::batch::LogitsRows;
 
     fn chunk(slot: usize, context_len: usize, n: usize) -> SeqChunk {
-        SeqChunk { slot, context_len, num_tokens: n, logits: LogitsRows::None }
+        SeqChunk { slot, context_len, num_tokens: n, logits: LogitsRows::None, blocks: Vec::new() }
     }
 
     fn kv(n: usize, start: f32) -> Tensor {
         Tensor::arange(start, start + (n * 2 * 3) as f32, &Device::Cpu).unwrap().reshape((n, 2, 3)).unwrap()
+    }
+
+    #[test]
+    fn mask_shapes() {
+        assert!(causal_mask(1, 4, 10, 9, None).is_none());
+        let m = causal_mask(2, 1, 5, 3, None).unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, vec![0., 0., 0., 0., inf, 0., 0., 0., 0., 0.]);
+        let w = causal_mask(1, 1, 5, 4, Some(2)).unwrap();
+        assert_eq!(w, vec![inf, inf, inf, 0., 0.]);
     }
 
     #[test]

@@ -1,13 +1,22 @@
-//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. The seam where flint's
-//! own CPU kernels will plug in; candle does the work for now.
+//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. f32 weights on the
+//! CPU go through flint's own batch-invariant kernel ([`crate::kernels::matmul_f32`]); other
+//! dtypes and devices through candle (whose quantized CPU kernels are already row-independent).
+
+use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
+use crate::kernels::matmul_f32::{self, PackedF32};
 use crate::weights::Weight;
 
 pub enum Linear {
+    /// f32 on the CPU, packed for [`matmul_f32`].
+    Packed {
+        w: Arc<PackedF32>,
+        b: Option<Tensor>,
+    },
     /// `w` is `[out, in]` in the compute dtype.
     Dense {
         w: Tensor,
@@ -22,6 +31,9 @@ pub enum Linear {
 impl Linear {
     pub fn new(w: Weight, b: Option<Tensor>) -> Result<Self> {
         Ok(match w {
+            Weight::Dense(w) if w.dtype() == DType::F32 && w.device().is_cpu() => {
+                Linear::Packed { w: Arc::new(pack(&w)?), b }
+            }
             Weight::Dense(w) => Linear::Dense { w, b },
             Weight::Quantized(q) => Linear::Quantized { w: QMatMul::from_qtensor(q)?, b },
         })
@@ -34,6 +46,13 @@ impl Linear {
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
+            Linear::Packed { w, b } => {
+                let (m, _) = x.dims2()?;
+                let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let mut y = vec![0f32; m * w.out_features()];
+                matmul_f32::matmul(&xs, m, w, &mut y);
+                (Tensor::from_vec(y, (m, w.out_features()), x.device())?.to_dtype(x.dtype())?, b)
+            }
             Linear::Dense { w, b } => (x.matmul(&w.t()?)?, b),
             Linear::Quantized { w, b } => {
                 // candle's quantized kernels take f32 activations.
@@ -47,4 +66,10 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Pack a dense `[out, in]` f32 weight for the CPU kernel.
+pub fn pack(w: &Tensor) -> Result<PackedF32> {
+    let (out, inp) = w.dims2()?;
+    Ok(PackedF32::pack(&w.flatten_all()?.to_vec1::<f32>()?, out, inp))
 }

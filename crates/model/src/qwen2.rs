@@ -11,9 +11,10 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor, D};
 
-use crate::batch::{ForwardBatch, SeqChunk};
+use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
+use crate::kernels::matmul_f32::PackedF32;
 use crate::kv_cache::KvCache;
 use crate::linear::Linear;
 use crate::rope::{apply_rope, Rope};
@@ -21,6 +22,8 @@ use crate::weights::{Weight, WeightSource};
 
 enum Embedding {
     Dense(Tensor),
+    /// A tied f32 embedding read back from the lm_head's packed panels (one copy in memory).
+    Packed(Arc<PackedF32>),
     Quantized(Arc<QTensor>),
 }
 
@@ -106,6 +109,10 @@ impl Qwen2Model {
             (embedding(embed_w), head)
         } else {
             match embed_w {
+                Weight::Dense(t) if t.dtype() == DType::F32 && t.device().is_cpu() => {
+                    let packed = Arc::new(crate::linear::pack(&t)?);
+                    (Embedding::Packed(packed.clone()), Linear::Packed { w: packed, b: None })
+                }
                 Weight::Dense(t) => (Embedding::Dense(t.clone()), Linear::Dense { w: t, b: None }),
                 Weight::Quantized(q) => {
                     let q = Arc::new(q);
@@ -153,6 +160,14 @@ impl Qwen2Model {
         let mut x = match &self.embed_tokens {
             Embedding::Dense(w) => w.index_select(&ids, 0)?,
             Embedding::Quantized(q) => q.embedding(&ids)?.to_dtype(self.dtype)?,
+            Embedding::Packed(w) => {
+                let h = w.in_features();
+                let mut rows = vec![0f32; n * h];
+                for (dst, &t) in rows.chunks_exact_mut(h).zip(&batch.tokens) {
+                    w.row(t as usize, dst);
+                }
+                Tensor::from_vec(rows, (n, h), &self.device)?.to_dtype(self.dtype)?
+            }
         };
         let (cos, sin) = self.rope.cos_sin(&batch.positions, &self.device)?;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -189,39 +204,7 @@ impl Qwen2Model {
         let q = apply_rope(&layer.q_proj.forward(h)?.reshape((n, hq, d))?, cos, sin)?;
         let k = apply_rope(&layer.k_proj.forward(h)?.reshape((n, hkv, d))?, cos, sin)?;
         let v = layer.v_proj.forward(h)?.reshape((n, hkv, d))?;
-        let mut outs = Vec::with_capacity(batch.seqs.len());
-        let mut offset = 0;
-        for chunk in &batch.seqs {
-            let len = chunk.num_tokens;
-            let (kc, vc) = cache.append(l, chunk, &k.narrow(0, offset, len)?, &v.narrow(0, offset, len)?)?;
-            outs.push(self.attend(&q.narrow(0, offset, len)?, &kc, &vc, chunk, layer.sliding_window)?);
-            offset += len;
-        }
-        Ok(if outs.len() == 1 { outs.remove(0) } else { Tensor::cat(&outs, 0)? })
-    }
-
-    /// Causal attention of one sequence's new queries `[n, hq, d]` over its keys and values
-    /// `[T, hkv, d]` (T = context_len + n). Returns `[n, hq·d]`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, chunk: &SeqChunk, window: Option<usize>) -> Result<Tensor> {
-        let (n, hq, d) = q.dims3()?;
-        let (t, hkv, _) = k.dims3()?;
-        let g = hq / hkv;
-        let dtype = q.dtype();
-        // Rows of each KV head's score matrix: token i, group member j → row i·g + j.
-        let q = q.reshape((n, hkv, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((hkv, n * g, d))?;
-        let k = k.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?; // [hkv, T, d]
-        let v = v.to_dtype(dtype)?.transpose(0, 1)?.contiguous()?;
-        let scale = 1.0 / (d as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?; // [hkv, n·g, T]
-        let scores = match causal_mask(n, g, t, chunk.context_len, window) {
-            Some(mask) => scores.broadcast_add(&Tensor::from_vec(mask, (n * g, t), q.device())?)?,
-            None => scores,
-        };
-        let max = scores.max_keepdim(D::Minus1)?;
-        let e = scores.broadcast_sub(&max)?.exp()?;
-        let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?.to_dtype(dtype)?;
-        let out = p.matmul(&v)?; // [hkv, n·g, d]
-        Ok(out.reshape((hkv, n, g, d))?.permute((1, 0, 2, 3))?.contiguous()?.reshape((n, hq * d))?)
+        cache.attention(l, batch, &q, &k, &v, layer.sliding_window)
     }
 }
 
@@ -229,43 +212,5 @@ fn embedding(w: Weight) -> Embedding {
     match w {
         Weight::Dense(t) => Embedding::Dense(t),
         Weight::Quantized(q) => Embedding::Quantized(Arc::new(q)),
-    }
-}
-
-/// Additive mask `[n·g, T]`: token i (at position ctx + i) sees keys j ≤ ctx + i, and with a
-/// sliding window only the last `window` of them. `None` when nothing is masked.
-fn causal_mask(n: usize, g: usize, t: usize, ctx: usize, window: Option<usize>) -> Option<Vec<f32>> {
-    let windowed = window.is_some_and(|w| t > w);
-    if n == 1 && !windowed {
-        return None;
-    }
-    let mut mask = vec![0f32; n * g * t];
-    for i in 0..n {
-        let pos = ctx + i;
-        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        for j in 0..g {
-            let row = &mut mask[(i * g + j) * t..(i * g + j + 1) * t];
-            for (key, m) in row.iter_mut().enumerate() {
-                if key > pos || key < lo {
-                    *m = f32::NEG_INFINITY;
-                }
-            }
-        }
-    }
-    Some(mask)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::causal_mask;
-
-    #[test]
-    fn mask_shapes() {
-        assert!(causal_mask(1, 4, 10, 9, None).is_none());
-        let m = causal_mask(2, 1, 5, 3, None).unwrap();
-        let inf = f32::NEG_INFINITY;
-        assert_eq!(m, vec![0., 0., 0., 0., inf, 0., 0., 0., 0., 0.]);
-        let w = causal_mask(1, 1, 5, 4, Some(2)).unwrap();
-        assert_eq!(w, vec![inf, inf, inf, 0., 0.]);
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use flint_model::source::Checkpoint;
-use flint_model::{ContiguousKvCache, ForwardBatch, LogitsRows, Qwen2Model};
+use flint_model::{ContiguousKvCache, ForwardBatch, KvCache, LogitsRows, PagedKvCache, Qwen2Model};
 use safetensors::SafeTensors;
 
 fn fixtures() -> PathBuf {
@@ -90,17 +90,48 @@ struct Outcome {
 /// A greedy token is only required to match where the reference's top-1/top-2 margin exceeds
 /// `decisive` (quantized models: a near-tie may legitimately flip).
 fn run_reference(model: &Qwen2Model, reference: &Reference, decisive: f32) -> Outcome {
+    run_reference_on(model, reference, decisive, false)
+}
+
+/// A paged pool of 211 blocks of 16 tokens; tables walk it with stride 7 (a permutation, as 211
+/// is prime), so consecutive positions live in scattered, non-adjacent blocks. Sequence `seq`
+/// uses permutation entries `30·seq ..`, disjoint from the others' for up to 480 tokens.
+const POOL_BLOCKS: usize = 211;
+
+fn scattered_table(seq: usize, len: usize) -> Vec<u32> {
+    assert!(len <= 480 && 30 * seq + 30 <= POOL_BLOCKS);
+    (0..len.div_ceil(16)).map(|i| (((30 * seq + i) * 7 + 3) % POOL_BLOCKS) as u32).collect()
+}
+
+/// `batch.push`, into a paged table when `paged`.
+fn push(b: &mut ForwardBatch, paged: bool, slot: usize, ctx: usize, toks: &[u32], rows: LogitsRows, total: usize) {
+    if paged {
+        b.push_paged(slot, ctx, toks, rows, scattered_table(slot, total));
+    } else {
+        b.push(slot, ctx, toks, rows);
+    }
+}
+
+fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
+    if paged {
+        Box::new(PagedKvCache::new(model.config(), 16, POOL_BLOCKS).unwrap())
+    } else {
+        Box::new(ContiguousKvCache::for_config(model.config(), DType::F32, &Device::Cpu))
+    }
+}
+
+fn run_reference_on(model: &Qwen2Model, reference: &Reference, decisive: f32, paged: bool) -> Outcome {
     let mut out = Outcome::default();
     for k in 0..reference.num_prompts() {
         let prompt = reference.ids(&format!("prompt.{k}"));
         let greedy = reference.ids(&format!("greedy.{k}"));
         let margins = reference.f32s.get(&format!("greedy_margin.{k}")).map(|(_, m)| m.clone());
         let decides = |j: usize| margins.as_ref().is_none_or(|m| m[j] > decisive);
-        let cfg = model.config();
-        let mut cache = ContiguousKvCache::for_config(cfg, DType::F32, &Device::Cpu);
+        let mut cache = new_cache(model, paged);
+        let total = prompt.len() + greedy.len();
         let mut batch = ForwardBatch::new();
-        batch.push(0, 0, &prompt, LogitsRows::All);
-        let logits = to_rows(&model.forward(&batch, &mut cache).unwrap().unwrap());
+        push(&mut batch, paged, 0, 0, &prompt, LogitsRows::All, total);
+        let logits = to_rows(&model.forward(&batch, cache.as_mut()).unwrap().unwrap());
         let want_rows = reference.rows(&format!("prefill_logits.{k}")).unwrap();
         let positions = &reference.i64s[&format!("prefill_rows.{k}")];
         for (row, &pos) in want_rows.iter().zip(positions) {
@@ -113,8 +144,8 @@ fn run_reference(model: &Qwen2Model, reference: &Reference, decisive: f32) -> Ou
         let steps = reference.rows(&format!("step_logits.{k}"));
         for (s, &tok) in greedy.iter().enumerate() {
             let mut b = ForwardBatch::new();
-            b.push(0, prompt.len() + s, &[tok], LogitsRows::Last);
-            let row = to_rows(&model.forward(&b, &mut cache).unwrap().unwrap()).remove(0);
+            push(&mut b, paged, 0, prompt.len() + s, &[tok], LogitsRows::Last, total);
+            let row = to_rows(&model.forward(&b, cache.as_mut()).unwrap().unwrap()).remove(0);
             if let Some(steps) = &steps {
                 out.step_max = out.step_max.max(max_abs_diff(&row, &steps[s]));
             }
@@ -142,6 +173,7 @@ fn small_f32_sharded_matches_transformers() {
     let model = load(&dir);
     let r = Reference::load(&dir.join("reference.safetensors"));
     assert_within("small-f32", &run_reference(&model, &r, 0.0), 1e-4);
+    assert_within("small-f32 paged", &run_reference_on(&model, &r, 0.0, true), 1e-4);
 }
 
 #[test]
@@ -162,6 +194,7 @@ fn small_yarn_matches_transformers() {
     assert!(matches!(model.config().rope.scaling, flint_model::RopeScaling::Yarn { .. }));
     let r = Reference::load(&yarn.join("reference.safetensors"));
     assert_within("small-yarn", &run_reference(&model, &r, 0.0), 1e-4);
+    assert_within("small-yarn paged", &run_reference_on(&model, &r, 0.0, true), 1e-4);
 }
 
 #[test]
@@ -172,17 +205,22 @@ fn full_vocab_bf16_tied_matches_transformers() {
     let r = Reference::load(&dir.join("reference.safetensors"));
     // bf16 weights, upcast once at load; both sides compute in f32, so f32 tolerance holds.
     assert_within("full-vocab-bf16", &run_reference(&model, &r, 0.0), 1e-4);
+    assert_within("full-vocab-bf16 paged", &run_reference_on(&model, &r, 0.0, true), 1e-4);
 }
 
 /// Several sequences in one batch, each prefilled in uneven chunks interleaved with the others,
 /// give the same logits as the reference (paging and batching must not change the numbers).
 #[test]
 fn batched_chunked_prefill_matches_reference() {
+    batched_chunked_prefill(false);
+    batched_chunked_prefill(true);
+}
+
+fn batched_chunked_prefill(paged: bool) {
     let dir = fixtures().join("small-f32");
     let model = load(&dir);
     let r = Reference::load(&dir.join("reference.safetensors"));
-    let cfg = model.config();
-    let mut cache = ContiguousKvCache::for_config(cfg, DType::F32, &Device::Cpu);
+    let mut cache = new_cache(&model, paged);
     let prompts: Vec<Vec<u32>> = (0..r.num_prompts()).map(|k| r.ids(&format!("prompt.{k}"))).collect();
     let mut done = vec![0usize; prompts.len()];
     let mut last_rows: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
@@ -195,14 +233,15 @@ fn batched_chunked_prefill_matches_reference() {
             if done[k] < p.len() {
                 let n = chunk_sizes[(k + step) % chunk_sizes.len()].min(p.len() - done[k]);
                 let last = done[k] + n == p.len();
-                b.push(k, done[k], &p[done[k]..done[k] + n], if last { LogitsRows::Last } else { LogitsRows::None });
+                let rows = if last { LogitsRows::Last } else { LogitsRows::None };
+                push(&mut b, paged, k, done[k], &p[done[k]..done[k] + n], rows, p.len());
                 if last {
                     who.push(k);
                 }
                 done[k] += n;
             }
         }
-        if let Some(l) = model.forward(&b, &mut cache).unwrap() {
+        if let Some(l) = model.forward(&b, cache.as_mut()).unwrap() {
             for (k, row) in who.into_iter().zip(to_rows(&l)) {
                 last_rows[k] = Some(row);
             }
@@ -212,7 +251,7 @@ fn batched_chunked_prefill_matches_reference() {
     for (k, row) in last_rows.iter().enumerate() {
         let want = r.rows(&format!("prefill_logits.{k}")).unwrap();
         let d = max_abs_diff(row.as_ref().unwrap(), want.last().unwrap());
-        assert!(d <= 1e-4, "prompt {k}: chunked+batched prefill differs by {d}");
+        assert!(d <= 1e-4, "prompt {k} (paged: {paged}): chunked+batched prefill differs by {d}");
     }
 }
 

@@ -1,0 +1,5 @@
+//! flint's own CPU kernels for the hot path, each bit-for-bit independent of batch composition
+//! (see each module for how) and tested against a plain reference.
+
+pub mod attention;
+pub mod matmul_f32;
