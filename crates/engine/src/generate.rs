@@ -98,7 +98,7 @@ pub fn generate(
     let mut pos = req.prompt_ids.len();
     let mut decode_steps = 0;
     while out.len() < req.max_tokens {
-        let tok = sampler.sample(&row);
+        let tok = sampler.sample(&row, &[]);
         if stops.contains(&tok) {
             finish = FinishReason::Stop;
             break;

@@ -105,7 +105,13 @@ fn main() -> ExitCode {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed };
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: a.seed,
+        ..Default::default()
+    };
     sampling.validate()?;
     let dtype = match a.dtype.as_str() {
         "f32" => Some(DType::F32),
