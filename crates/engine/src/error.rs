@@ -15,6 +15,9 @@ pub enum EngineError {
     ChatTemplate(#[from] ChatTemplateError),
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// A request that can never run (too long for the context or the KV pool).
+    #[error(transparent)]
+    Admission(#[from] crate::scheduler::AdmissionError),
     /// A request the engine cannot run as given (empty prompt, too long, ...).
     #[error("{0}")]
     InvalidRequest(String),

@@ -1,16 +1,29 @@
-//! flint's engine layer: tokenizer, chat template, sampler, incremental detokenizer and the
-//! generation loop over a model from `flint-model`. Knows tensors only through the model's API,
-//! and nothing of HTTP.
+//! flint's engine layer: requests, the paged KV block pool and prefix cache, the scheduler,
+//! sampler, incremental detokenizer and stop strings, and the threaded step loop that serves many
+//! requests over one model. Knows tensors only through the model's API, and nothing of HTTP.
 
+pub mod block_pool;
 pub mod chat_template;
 pub mod detokenizer;
+pub mod engine;
+pub mod engine_core;
 pub mod error;
 pub mod generate;
+pub mod kv_manager;
 pub mod loader;
+pub mod request;
+pub mod runner;
 pub mod sampler;
+pub mod scheduler;
+pub mod stop;
 pub mod tokenizer;
 
+pub use engine::{Engine, EngineStats, EventStream};
+pub use engine_core::{EngineCore, ModelInfo};
 pub use error::EngineError;
-pub use generate::{generate, FinishReason, GenerateOutcome, GenerateRequest};
+pub use generate::{generate, GenerateOutcome, GenerateRequest};
 pub use loader::LoadedModel;
+pub use request::{EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch};
+pub use runner::{ModelRunner, PagedModelRunner, StepLogits};
 pub use sampler::{Sampler, SamplingParams};
+pub use scheduler::{SchedulerConfig, StepPlan};

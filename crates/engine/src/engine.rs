@@ -1,0 +1,251 @@
+//! The engine as the server and the benchmarks see it: a step loop on its own thread, fed by a
+//! command channel; each submitted request gets an async stream of [`EngineEvent`]s. Dropping
+//! the stream before it finishes aborts the request, which frees its blocks at once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::engine_core::{validate, EngineCore, ModelInfo};
+use crate::request::{EngineEvent, Request};
+use crate::runner::ModelRunner;
+use crate::scheduler::SchedulerConfig;
+use crate::EngineError;
+
+/// A snapshot of the engine's state, refreshed after every step (for metrics and logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks held by sequences.
+    pub kv_cache_usage: f64,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub steps: u64,
+    pub failed_steps: u64,
+    /// False once the step loop has died (it should not; the server reports it on /health).
+    pub healthy: bool,
+}
+
+enum Command {
+    Add(Box<Request>, tokio::sync::mpsc::UnboundedSender<EngineEvent>),
+    Abort(String),
+    Shutdown,
+}
+
+/// Cheap to clone; every clone talks to the same engine thread.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tx: Mutex<mpsc::Sender<Command>>,
+    sched: SchedulerConfig,
+    info: ModelInfo,
+    stats: Arc<Mutex<EngineStats>>,
+    alive: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The events of one request. Ends after every sample finished, or after an error.
+pub struct EventStream {
+    id: String,
+    rx: UnboundedReceiver<EngineEvent>,
+    engine: Engine,
+    done: bool,
+    live: usize,
+}
+
+impl EventStream {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The next event; `None` once the request is over.
+    pub async fn next(&mut self) -> Option<EngineEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.track(ev)
+    }
+
+    /// [`next`](Self::next) for callers outside an async runtime (the CLI, benchmarks).
+    pub fn next_blocking(&mut self) -> Option<EngineEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.blocking_recv();
+        self.track(ev)
+    }
+
+    fn track(&mut self, ev: Option<EngineEvent>) -> Option<EngineEvent> {
+        match &ev {
+            None | Some(EngineEvent::Error(_)) => self.done = true,
+            Some(EngineEvent::Output(o)) if o.finished.is_some() => {
+                self.live = self.live.saturating_sub(1);
+                self.done = self.live == 0;
+            }
+            _ => {}
+        }
+        if ev.is_none() {
+            return Some(EngineEvent::Error("the engine stopped before the request finished".into()));
+        }
+        ev
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.abort(&self.id);
+        }
+    }
+}
+
+impl Engine {
+    /// Start the step loop on its own thread.
+    pub fn start<R: ModelRunner + 'static>(core: EngineCore<R>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let sched = core.scheduler().config().clone();
+        let info = core.info().clone();
+        let stats = Arc::new(Mutex::new(EngineStats {
+            num_blocks: sched.num_blocks,
+            block_size: sched.block_size,
+            healthy: true,
+            ..Default::default()
+        }));
+        let alive = Arc::new(AtomicBool::new(true));
+        let (s, a) = (stats.clone(), alive.clone());
+        let thread = std::thread::Builder::new().name("flint-engine".into()).spawn(move || {
+            run_loop(core, rx, &s);
+            a.store(false, Ordering::SeqCst);
+            if let Ok(mut st) = s.lock() {
+                st.healthy = false;
+            }
+        });
+        let thread = thread.ok();
+        if thread.is_none() {
+            alive.store(false, Ordering::SeqCst);
+        }
+        Self { inner: Arc::new(Inner { tx: Mutex::new(tx), sched, info, stats, alive, thread: Mutex::new(thread) }) }
+    }
+
+    pub fn scheduler_config(&self) -> &SchedulerConfig {
+        &self.inner.sched
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.inner.alive.load(Ordering::SeqCst)
+    }
+
+    /// Validate and queue `req`. Invalid requests fail here, before any event.
+    pub fn submit(&self, req: Request) -> Result<EventStream, EngineError> {
+        validate(&req, &self.inner.info, &self.inner.sched)?;
+        if !self.is_healthy() {
+            return Err(EngineError::Internal("the engine is not running".into()));
+        }
+        let (etx, erx) = unbounded_channel();
+        let (id, live) = (req.id.clone(), req.params.n);
+        self.send(Command::Add(Box::new(req), etx))?;
+        Ok(EventStream { id, rx: erx, engine: self.clone(), done: false, live })
+    }
+
+    /// Abort request `id` (a no-op if it already finished).
+    pub fn abort(&self, id: &str) {
+        let _ = self.send(Command::Abort(id.to_string()));
+    }
+
+    /// Stop the loop after the current step; pending requests end with an error event.
+    pub fn shutdown(&self) {
+        let _ = self.send(Command::Shutdown);
+        if let Ok(mut t) = self.inner.thread.lock() {
+            if let Some(h) = t.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        let tx = self.inner.tx.lock().map_err(|_| EngineError::Internal("engine channel poisoned".into()))?;
+        tx.send(cmd).map_err(|_| EngineError::Internal("the engine is not running".into()))
+    }
+}
+
+fn run_loop<R: ModelRunner>(mut core: EngineCore<R>, rx: mpsc::Receiver<Command>, stats: &Mutex<EngineStats>) {
+    loop {
+        // Idle: block until a command arrives. Busy: take what has arrived and step.
+        if !core.has_work() {
+            match rx.recv() {
+                Ok(cmd) => {
+                    if !apply(&mut core, cmd) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            if !apply(&mut core, cmd) {
+                return;
+            }
+        }
+        let plan = core.step();
+        publish(&core, stats);
+        if plan.chunks.is_empty() && core.has_work() {
+            // Work that cannot run yet (a sample waiting on its leader): do not spin.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// Apply one command; `false` to stop the loop.
+fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command) -> bool {
+    match cmd {
+        Command::Add(req, tx) => {
+            let sink_tx = tx.clone();
+            if let Err(e) = core.add(*req, Box::new(move |ev| sink_tx.send(ev).is_ok())) {
+                let _ = tx.send(EngineEvent::Error(e.to_string()));
+            }
+            true
+        }
+        Command::Abort(id) => {
+            core.abort(&id);
+            true
+        }
+        Command::Shutdown => false,
+    }
+}
+
+fn publish<R: ModelRunner>(core: &EngineCore<R>, stats: &Mutex<EngineStats>) {
+    let s = core.scheduler();
+    if let Ok(mut st) = stats.lock() {
+        st.num_running = s.num_running();
+        st.num_waiting = s.num_waiting();
+        st.kv_cache_usage = s.kv().usage();
+        st.prefix_cache_queries = s.stats.prefix_queries;
+        st.prefix_cache_hits = s.stats.prefix_hits;
+        st.num_preemptions = s.stats.preemptions;
+        st.prompt_tokens = core.counters.prompt_tokens;
+        st.generation_tokens = core.counters.generation_tokens;
+        st.steps = core.counters.steps;
+        st.failed_steps = core.counters.failed_steps;
+    }
+}

@@ -1,0 +1,401 @@
+//! The engine core: one synchronous step = schedule → run the model → sample → detokenize →
+//! check stops → send events. Owns the scheduler, the per-sample state (sampler, detokenizer,
+//! stop matcher) and each request's event sink. The threaded, async-facing [`crate::engine`]
+//! drives it; tests drive it directly with a fake runner.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use crate::detokenizer::IncrementalDecoder;
+use crate::kv_manager::SeqId;
+use crate::request::{
+    EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch, MAX_LOGPROBS, MAX_N,
+};
+use crate::runner::{ModelRunner, StepLogits};
+use crate::sampler::{token_logprobs, Sampler, TokenLogprobs};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqSpec, StepPlan};
+use crate::stop::StopStrings;
+use crate::tokenizer::Tokenizer;
+use crate::EngineError;
+
+/// Receives a request's events; returns `false` once nobody listens (the request is aborted).
+pub type EventSink = Box<dyn FnMut(EngineEvent) -> bool + Send>;
+
+/// What validation needs to know about the model and the pool.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Rows of the model's logits (the padded vocabulary).
+    pub vocab_size: usize,
+    /// Ids that may be sampled (the tokenizer's).
+    pub valid_vocab: usize,
+    pub eos_token_ids: Vec<u32>,
+}
+
+struct Group {
+    sink: EventSink,
+    prompt_len: usize,
+    live: usize,
+    prompt_logprobs: Option<(usize, Vec<Option<TokenLogprobs>>)>,
+    prompt_logprobs_sent: bool,
+}
+
+struct Sample {
+    group: String,
+    index: usize,
+    params: Arc<RequestParams>,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    stops: StopStrings,
+    stop_ids: Vec<u32>,
+    generated: usize,
+}
+
+/// Counters since start, for logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CoreCounters {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub steps: u64,
+    pub failed_steps: u64,
+}
+
+pub struct EngineCore<R: ModelRunner> {
+    runner: R,
+    scheduler: Scheduler,
+    tokenizer: Arc<Tokenizer>,
+    info: ModelInfo,
+    groups: HashMap<String, Group>,
+    samples: HashMap<SeqId, Sample>,
+    next_seq: SeqId,
+    pub counters: CoreCounters,
+    /// Check every pool and scheduler invariant after each step (debug builds and tests).
+    pub check_invariants: bool,
+}
+
+/// Validate `req` against the model and pool limits: every failure names the parameter.
+pub fn validate(req: &Request, info: &ModelInfo, sched: &SchedulerConfig) -> Result<(), EngineError> {
+    let p = &req.params;
+    let invalid = |m: String| Err(EngineError::InvalidRequest(m));
+    p.sampling.validate()?;
+    if p.n == 0 || p.n > MAX_N {
+        return invalid(format!("n must be between 1 and {MAX_N}, got {}", p.n));
+    }
+    if p.max_tokens == 0 {
+        return invalid("max_tokens must be at least 1".into());
+    }
+    if p.min_tokens > p.max_tokens {
+        return invalid(format!("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens, p.max_tokens));
+    }
+    for (name, k) in [("logprobs", p.logprobs), ("prompt_logprobs", p.prompt_logprobs)] {
+        if k.is_some_and(|k| k > MAX_LOGPROBS) {
+            return invalid(format!("{name} must be at most {MAX_LOGPROBS}, got {}", k.unwrap_or(0)));
+        }
+    }
+    if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+        return invalid(format!("prompt token id {t} is outside the vocabulary (size {})", info.vocab_size));
+    }
+    if let Some(&(t, _)) = p.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= info.valid_vocab) {
+        return invalid(format!("logit_bias token id {t} is outside the vocabulary (size {})", info.valid_vocab));
+    }
+    if let Some(&t) = p.stop_token_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+        return invalid(format!("stop_token_ids entry {t} is outside the vocabulary (size {})", info.vocab_size));
+    }
+    sched.check_admissible(req.prompt.len(), p.max_tokens)?;
+    Ok(())
+}
+
+impl<R: ModelRunner> EngineCore<R> {
+    pub fn new(runner: R, sched: SchedulerConfig, tokenizer: Arc<Tokenizer>, info: ModelInfo) -> Self {
+        Self {
+            runner,
+            scheduler: Scheduler::new(sched),
+            tokenizer,
+            info,
+            groups: HashMap::new(),
+            samples: HashMap::new(),
+            next_seq: 0,
+            counters: CoreCounters::default(),
+            check_invariants: cfg!(debug_assertions),
+        }
+    }
+
+    pub fn runner_mut(&mut self) -> &mut R {
+        &mut self.runner
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Queue `req`; its events go to `sink`. Invalid requests are refused here, nothing queued.
+    pub fn add(&mut self, req: Request, sink: EventSink) -> Result<(), EngineError> {
+        validate(&req, &self.info, self.scheduler.config())?;
+        if self.groups.contains_key(&req.id) {
+            return Err(EngineError::InvalidRequest(format!("request id {:?} is already in use", req.id)));
+        }
+        let params = Arc::new(req.params);
+        let mut leader = None;
+        for index in 0..params.n {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let mut sampling = params.sampling.clone();
+            // Each sample draws its own stream; a seed still makes the whole request reproducible.
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(index as u64));
+            let mut sampler = Sampler::new(sampling, self.info.valid_vocab);
+            sampler.set_prompt(&req.prompt);
+            let mut stop_ids: Vec<u32> = if params.ignore_eos { Vec::new() } else { self.info.eos_token_ids.clone() };
+            stop_ids.extend(params.stop_token_ids.iter().copied());
+            let spec = SeqSpec {
+                id: seq,
+                prompt: req.prompt.clone(),
+                max_tokens: params.max_tokens,
+                cache_salt: params.cache_salt.clone(),
+                prompt_logprobs: index == 0 && params.prompt_logprobs.is_some(),
+                after: leader,
+            };
+            self.scheduler.add(spec)?;
+            leader.get_or_insert(seq);
+            self.samples.insert(
+                seq,
+                Sample {
+                    group: req.id.clone(),
+                    index,
+                    params: params.clone(),
+                    sampler,
+                    decoder: IncrementalDecoder::new(params.skip_special_tokens),
+                    stops: StopStrings::new(params.stop.clone(), params.include_stop_str_in_output),
+                    stop_ids,
+                    generated: 0,
+                },
+            );
+        }
+        self.counters.prompt_tokens += req.prompt.len() as u64;
+        let prompt_logprobs = params.prompt_logprobs.map(|k| (k, vec![None; req.prompt.len()]));
+        self.groups.insert(
+            req.id,
+            Group { sink, prompt_len: req.prompt.len(), live: params.n, prompt_logprobs, prompt_logprobs_sent: false },
+        );
+        Ok(())
+    }
+
+    /// Stop request `id` now and free its blocks; its stream gets a final `abort` event.
+    pub fn abort(&mut self, id: &str) {
+        let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == id).map(|(&q, _)| q).collect();
+        for seq in seqs {
+            self.end_sample(seq, Finished { reason: FinishReason::Abort, stop: None }, String::new());
+        }
+    }
+
+    /// Run one step. Returns the plan that ran (empty when there was nothing to do).
+    pub fn step(&mut self) -> StepPlan {
+        let plan = self.scheduler.schedule();
+        if plan.chunks.is_empty() {
+            return plan;
+        }
+        self.counters.steps += 1;
+        let result = catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan)))
+            .unwrap_or_else(|_| Err(EngineError::Internal("the model runner panicked".into())));
+        match result {
+            Ok(logits) if logits.num_rows() == expected_rows(&plan) => {
+                self.scheduler.on_step_done(&plan);
+                self.process(&plan, &logits);
+            }
+            Ok(logits) => self.fail_step(
+                &plan,
+                &format!(
+                    "the model returned {} logit rows, the plan needs {}",
+                    logits.num_rows(),
+                    expected_rows(&plan)
+                ),
+            ),
+            Err(e) => self.fail_step(&plan, &e.to_string()),
+        }
+        if self.check_invariants {
+            if let Err(e) = self.scheduler.check() {
+                panic!("engine invariant violated after a step: {e}");
+            }
+        }
+        plan
+    }
+
+    /// A step failed: end every request it touched with an error; the others carry on.
+    fn fail_step(&mut self, plan: &StepPlan, message: &str) {
+        self.counters.failed_steps += 1;
+        let mut groups: Vec<String> =
+            plan.chunks.iter().filter_map(|c| self.samples.get(&c.seq).map(|s| s.group.clone())).collect();
+        groups.sort();
+        groups.dedup();
+        for g in groups {
+            self.fail_group(&g, message);
+        }
+    }
+
+    fn fail_group(&mut self, group: &str, message: &str) {
+        let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
+        for seq in seqs {
+            self.samples.remove(&seq);
+            self.scheduler.finish(seq);
+        }
+        if let Some(mut g) = self.groups.remove(group) {
+            (g.sink)(EngineEvent::Error(format!("request failed: {message}")));
+        }
+    }
+
+    fn process(&mut self, plan: &StepPlan, logits: &StepLogits) {
+        let mut row = 0;
+        for chunk in &plan.chunks {
+            let rows = if chunk.all_logits { chunk.tokens.len() } else { usize::from(chunk.sample) };
+            let first_row = row;
+            row += rows;
+            if chunk.all_logits {
+                self.collect_prompt_logprobs(chunk.seq, chunk.context_len, first_row, rows, logits);
+            }
+            if chunk.sample {
+                self.sample_next(chunk.seq, logits.row(row - 1));
+            }
+        }
+    }
+
+    fn collect_prompt_logprobs(&mut self, seq: SeqId, ctx: usize, first_row: usize, rows: usize, logits: &StepLogits) {
+        let Some(s) = self.samples.get(&seq) else { return };
+        let prompt = self.scheduler.tokens(seq);
+        let Some(g) = self.groups.get_mut(&s.group) else { return };
+        let Some((k, slots)) = g.prompt_logprobs.as_mut() else { return };
+        for r in 0..rows {
+            // Row r (position ctx + r) predicts the prompt token at ctx + r + 1.
+            let pos = ctx + r + 1;
+            if pos < g.prompt_len && slots[pos].is_none() {
+                slots[pos] = Some(token_logprobs(logits.row(first_row + r), self.info.valid_vocab, prompt[pos], *k));
+            }
+        }
+    }
+
+    fn sample_next(&mut self, seq: SeqId, row: &[f32]) {
+        let Some(s) = self.samples.get_mut(&seq) else { return };
+        let banned: &[u32] = if s.generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+        let tok = s.sampler.sample(row, banned);
+        let logprobs: Vec<TokenLogprobs> =
+            s.params.logprobs.map(|k| token_logprobs(row, self.info.valid_vocab, tok, k)).into_iter().collect();
+        s.sampler.record(tok);
+        s.generated += 1;
+        self.counters.generation_tokens += 1;
+        self.scheduler.append_token(seq, tok);
+        let total_len = self.scheduler.tokens(seq).len();
+        let mut text = String::new();
+        let mut finished = None;
+        if s.stop_ids.contains(&tok) {
+            finished = Some(Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Token(tok)) });
+        } else {
+            let piece = match s.decoder.push(&self.tokenizer, tok) {
+                Ok(p) => p,
+                Err(e) => {
+                    let group = s.group.clone();
+                    self.fail_group(&group, &e.to_string());
+                    return;
+                }
+            };
+            let out = s.stops.push(&piece);
+            text = out.released;
+            if let Some(m) = out.matched {
+                finished = Some(Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Text(m)) });
+            }
+        }
+        let at_limit = s.generated >= s.params.max_tokens || total_len >= self.scheduler.config().max_model_len;
+        if finished.is_none() && at_limit {
+            finished = Some(Finished { reason: FinishReason::Length, stop: None });
+        }
+        let output_ids = vec![tok];
+        match finished {
+            Some(f) => {
+                let tail = if matches!(f.stop, Some(StopMatch::Text(_))) { String::new() } else { self.flush(seq) };
+                text.push_str(&tail);
+                self.emit(seq, text, output_ids, logprobs, Some(f.clone()));
+                self.remove_sample(seq);
+            }
+            None => self.emit(seq, text, output_ids, logprobs, None),
+        }
+    }
+
+    /// Text still held by the detokenizer and the stop matcher, at a finish without a stop string.
+    fn flush(&mut self, seq: SeqId) -> String {
+        let Some(s) = self.samples.get_mut(&seq) else { return String::new() };
+        let rest = s.decoder.flush(&self.tokenizer).unwrap_or_default();
+        let mut out = s.stops.push(&rest).released;
+        out.push_str(&s.stops.flush());
+        out
+    }
+
+    fn end_sample(&mut self, seq: SeqId, f: Finished, text: String) {
+        self.emit(seq, text, Vec::new(), Vec::new(), Some(f));
+        self.remove_sample(seq);
+    }
+
+    fn remove_sample(&mut self, seq: SeqId) {
+        self.scheduler.finish(seq);
+        if let Some(s) = self.samples.remove(&seq) {
+            if let Some(g) = self.groups.get_mut(&s.group) {
+                g.live = g.live.saturating_sub(1);
+                if g.live == 0 {
+                    self.groups.remove(&s.group);
+                }
+            }
+        }
+    }
+
+    fn emit(
+        &mut self,
+        seq: SeqId,
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprobs>,
+        finished: Option<Finished>,
+    ) {
+        let Some(s) = self.samples.get(&seq) else { return };
+        let cached_tokens = self.scheduler.cached_prompt_tokens(seq);
+        let Some(g) = self.groups.get_mut(&s.group) else { return };
+        let prompt_logprobs = if s.index == 0 && !g.prompt_logprobs_sent && g.prompt_logprobs.is_some() {
+            g.prompt_logprobs_sent = true;
+            g.prompt_logprobs.as_ref().map(|(_, v)| v.clone())
+        } else {
+            None
+        };
+        let out = SampleOutput {
+            index: s.index,
+            text,
+            token_ids,
+            logprobs,
+            finished,
+            completion_tokens: s.generated,
+            prompt_tokens: g.prompt_len,
+            cached_tokens,
+            prompt_logprobs,
+        };
+        if !(g.sink)(EngineEvent::Output(out)) {
+            // The client is gone: stop its request and free its blocks now.
+            let group = s.group.clone();
+            let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
+            for q in seqs {
+                self.samples.remove(&q);
+                self.scheduler.finish(q);
+            }
+            self.groups.remove(&group);
+        }
+    }
+}
+
+fn expected_rows(plan: &StepPlan) -> usize {
+    plan.chunks.iter().map(|c| if c.all_logits { c.tokens.len() } else { usize::from(c.sample) }).sum()
+}

@@ -1,0 +1,118 @@
+//! What a client asks the engine for, and what comes back: a request (one prompt, `n` samples)
+//! and the stream of events that answers it.
+
+use crate::sampler::{SamplingParams, TokenLogprobs};
+
+/// Most top-logprobs a request may ask for (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+/// Most samples per request.
+pub const MAX_N: usize = 128;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    /// Independent samples of the same prompt (choices), sharing its KV blocks.
+    pub n: usize,
+    pub max_tokens: usize,
+    /// Stop ids (EOS, `stop_token_ids`) cannot end generation before this many tokens.
+    pub min_tokens: usize,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    /// Top-k logprobs of each chosen token (`Some(0)`: the chosen token's only).
+    pub logprobs: Option<usize>,
+    /// Logprobs of the prompt's tokens, with this many alternatives each.
+    pub prompt_logprobs: Option<usize>,
+    pub cache_salt: Option<String>,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        Self {
+            sampling: SamplingParams::default(),
+            n: 1,
+            max_tokens: 16,
+            min_tokens: 0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            logprobs: None,
+            prompt_logprobs: None,
+            cache_salt: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Unique among live requests; also the abort handle.
+    pub id: String,
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop id or stop string ended the sample.
+    Stop,
+    /// `max_tokens` or the model's context length.
+    Length,
+    Abort,
+    Error,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+/// What matched when a sample stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopMatch {
+    Token(u32),
+    Text(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub stop: Option<StopMatch>,
+}
+
+/// New output of one sample (choice) since its previous event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleOutput {
+    /// Which of the request's `n` samples.
+    pub index: usize,
+    /// Text released by this step: valid UTF-8, with anything that may still become a stop
+    /// string held back.
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    /// One entry per token in `token_ids` when logprobs were requested.
+    pub logprobs: Vec<TokenLogprobs>,
+    pub finished: Option<Finished>,
+    /// Tokens generated so far by this sample.
+    pub completion_tokens: usize,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Per prompt position (the first has none), sent once with the first output of sample 0.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    Output(SampleOutput),
+    /// The request failed; no further events follow.
+    Error(String),
+}

@@ -1,0 +1,59 @@
+//! The model runner: executes a [`StepPlan`] and returns the logits the plan asks for. The engine
+//! core only sees this trait, so its scheduling is tested with a fake runner.
+
+use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
+
+use crate::scheduler::StepPlan;
+use crate::EngineError;
+
+/// Logit rows of one step, in plan order: for each chunk, every row when `all_logits`, else its
+/// last row when `sample`, else none.
+#[derive(Debug, Clone, Default)]
+pub struct StepLogits {
+    pub width: usize,
+    pub data: Vec<f32>,
+}
+
+impl StepLogits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.width..(i + 1) * self.width]
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.data.len() / self.width.max(1)
+    }
+}
+
+pub trait ModelRunner: Send {
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError>;
+}
+
+/// Qwen2 over the paged KV cache.
+pub struct PagedModelRunner {
+    pub model: Qwen2Model,
+    pub cache: PagedKvCache,
+}
+
+impl ModelRunner for PagedModelRunner {
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
+        let mut batch = ForwardBatch::new();
+        for c in &plan.chunks {
+            let rows = if c.all_logits {
+                LogitsRows::All
+            } else if c.sample {
+                LogitsRows::Last
+            } else {
+                LogitsRows::None
+            };
+            batch.push_paged(c.seq as usize, c.context_len, &c.tokens, rows, c.blocks.clone());
+        }
+        let width = self.model.config().vocab_size;
+        match self.model.forward(&batch, &mut self.cache)? {
+            None => Ok(StepLogits { width, data: Vec::new() }),
+            Some(t) => {
+                let data = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(flint_model::ModelError::from)?;
+                Ok(StepLogits { width, data })
+            }
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The scheduler: pure bookkeeping that decides, each step, which tokens of which sequences the
+//! model computes, and emits that decision as a plain [`StepPlan`].
+//!
+//! One token budget per step (`max_num_batched_tokens`). Running sequences go first, oldest
+//! first: a decoding one needs one token, one still ingesting its prompt gets a chunk of what is
+//! left of the budget (chunked prefill, so a long prompt never stalls the streams already
+//! running). Then waiting sequences are admitted in arrival order while budget, sequence slots
+//! and blocks last, each starting after whatever prefix of it the cache already holds. When
+//! blocks run out, the newest running sequence is preempted by recompute: its blocks are freed
+//! and it goes back to the front of the queue, to be prefilled again (prompt and output so far)
+//! later. The oldest running sequence is never preempted for a younger one, so some sequence
+//! always advances: a request admitted because it fits the pool alone finishes.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::kv_manager::{salt_hash, KvManager, PrefixHit, SeqId};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub max_model_len: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub enable_prefix_caching: bool,
+}
+
+impl SchedulerConfig {
+    /// Would a request of `prompt` tokens generating up to `max_tokens` ever fit?
+    pub fn check_admissible(&self, prompt: usize, max_tokens: usize) -> Result<(), AdmissionError> {
+        if prompt == 0 {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        let total = prompt + max_tokens;
+        if total > self.max_model_len {
+            return Err(AdmissionError::ContextLength { max_model_len: self.max_model_len, total, prompt, max_tokens });
+        }
+        let needed = total.div_ceil(self.block_size.max(1));
+        if needed > self.num_blocks {
+            return Err(AdmissionError::PoolTooSmall { tokens: total, needed, total: self.num_blocks });
+        }
+        Ok(())
+    }
+}
+
+/// A sequence to schedule.
+#[derive(Debug, Clone, Default)]
+pub struct SeqSpec {
+    pub id: SeqId,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    /// Isolates this sequence's prefix-cache entries from those of other salts.
+    pub cache_salt: Option<String>,
+    /// Every prompt position's logits are wanted, so none may come from the cache.
+    pub prompt_logprobs: bool,
+    /// Admit only once this sequence's prompt is computed (siblings of an `n > 1` request wait
+    /// for the first one, then reuse its prompt blocks from the prefix cache).
+    pub after: Option<SeqId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, you requested \
+         {total} tokens ({prompt} in the messages, {max_tokens} in the completion). Please reduce the length \
+         of the messages or completion."
+    )]
+    ContextLength { max_model_len: usize, total: usize, prompt: usize, max_tokens: usize },
+    #[error(
+        "the request needs {needed} KV-cache blocks for {tokens} tokens but the pool has only {total}; \
+         reduce max_tokens or the prompt, or start flint with a larger --kv-cache-memory"
+    )]
+    PoolTooSmall { tokens: usize, needed: usize, total: usize },
+    #[error("sequence {0} already exists")]
+    Duplicate(SeqId),
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledChunk {
+    pub seq: SeqId,
+    /// Tokens already in the cache; `tokens[0]` sits at this position.
+    pub context_len: usize,
+    pub tokens: Vec<u32>,
+    /// The sequence's block table, covering `context_len + tokens.len()` positions.
+    pub blocks: Vec<u32>,
+    /// The chunk ends the known tokens: sample the next one from its last row.
+    pub sample: bool,
+    /// Every row's logits are wanted (prompt logprobs).
+    pub all_logits: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    pub chunks: Vec<ScheduledChunk>,
+    /// Sequences preempted this step (their blocks are already freed).
+    pub preempted: Vec<SeqId>,
+    pub num_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+#[derive(Debug)]
+struct Seq {
+    spec: SeqSpec,
+    salt: Option<u64>,
+    tokens: Vec<u32>,
+    num_computed: usize,
+    running: bool,
+    /// Prompt tokens served from the prefix cache at first admission.
+    cached_prompt_tokens: Option<usize>,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: KvManager,
+    seqs: HashMap<SeqId, Seq>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    pub stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let kv = KvManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
+        Self { cfg, kv, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), stats: Default::default() }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    pub fn contains(&self, id: SeqId) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    /// Prompt and generated tokens of `id`.
+    pub fn tokens(&self, id: SeqId) -> &[u32] {
+        self.seqs.get(&id).map_or(&[], |s| &s.tokens)
+    }
+
+    pub fn cached_prompt_tokens(&self, id: SeqId) -> usize {
+        self.seqs.get(&id).and_then(|s| s.cached_prompt_tokens).unwrap_or(0)
+    }
+
+    /// Would a request of `prompt` tokens generating up to `max_tokens` ever fit?
+    pub fn check_admissible(&self, prompt: usize, max_tokens: usize) -> Result<(), AdmissionError> {
+        self.cfg.check_admissible(prompt, max_tokens)
+    }
+
+    /// Queue a sequence, or refuse it now if it could never run.
+    pub fn add(&mut self, spec: SeqSpec) -> Result<(), AdmissionError> {
+        self.check_admissible(spec.prompt.len(), spec.max_tokens)?;
+        if self.seqs.contains_key(&spec.id) {
+            return Err(AdmissionError::Duplicate(spec.id));
+        }
+        let id = spec.id;
+        let salt = spec.cache_salt.as_deref().map(salt_hash);
+        let tokens = spec.prompt.clone();
+        self.seqs.insert(id, Seq { spec, salt, tokens, num_computed: 0, running: false, cached_prompt_tokens: None });
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Decide the next step.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let Some(s) = self.seqs.get(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            let n = (s.tokens.len() - s.num_computed).min(budget);
+            let end = s.num_computed + n;
+            let mut scheduled = true;
+            while !self.kv.allocate(id, end) {
+                let Some(victim) = self.running.pop() else { break };
+                self.preempt(victim);
+                plan.preempted.push(victim);
+                if victim == id {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            self.push_chunk(&mut plan, id, n);
+            budget -= n;
+            i += 1;
+        }
+        // As vLLM: no admissions in a step that had to preempt, the pool is already short.
+        if plan.preempted.is_empty() {
+            self.admit(&mut plan, budget);
+        }
+        plan
+    }
+
+    fn admit(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let Some(s) = self.seqs.get(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            if let Some(leader) = s.spec.after.and_then(|l| self.seqs.get(&l)) {
+                if !leader.running || leader.num_computed < leader.spec.prompt.len() {
+                    break;
+                }
+            }
+            let hit = if s.spec.prompt_logprobs { PrefixHit::default() } else { self.kv.lookup(&s.tokens, s.salt) };
+            let ctx = hit.blocks.len() * self.kv.block_size();
+            let n = (s.tokens.len() - ctx).min(budget);
+            if !self.kv.can_allocate(id, ctx + n, &hit) {
+                break;
+            }
+            let first_admission = s.cached_prompt_tokens.is_none();
+            let (prompt_len, salt) = (s.spec.prompt.len(), s.salt);
+            if self.kv.prefix_caching() && !s.spec.prompt_logprobs && first_admission {
+                self.stats.prefix_queries += prompt_len as u64;
+                self.stats.prefix_hits += ctx.min(prompt_len) as u64;
+            }
+            self.kv.start(id, hit, salt);
+            if !self.kv.allocate(id, ctx + n) {
+                // can_allocate said yes; if the pool disagrees, undo and wait.
+                self.kv.free(id);
+                break;
+            }
+            self.waiting.pop_front();
+            if let Some(s) = self.seqs.get_mut(&id) {
+                s.num_computed = ctx;
+                s.running = true;
+                if first_admission {
+                    s.cached_prompt_tokens = Some(ctx.min(prompt_len));
+                }
+            }
+            self.running.push(id);
+            self.push_chunk(plan, id, n);
+            budget -= n;
+        }
+    }
+
+    fn push_chunk(&self, plan: &mut StepPlan, id: SeqId, n: usize) {
+        let Some(s) = self.seqs.get(&id) else { return };
+        let ctx = s.num_computed;
+        plan.chunks.push(ScheduledChunk {
+            seq: id,
+            context_len: ctx,
+            tokens: s.tokens[ctx..ctx + n].to_vec(),
+            blocks: self.kv.blocks(id).to_vec(),
+            sample: ctx + n == s.tokens.len(),
+            all_logits: s.spec.prompt_logprobs && ctx < s.spec.prompt.len(),
+        });
+        plan.num_tokens += n;
+    }
+
+    fn preempt(&mut self, id: SeqId) {
+        self.kv.free(id);
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.num_computed = 0;
+            s.running = false;
+        }
+        self.waiting.push_front(id);
+        self.stats.preemptions += 1;
+    }
+
+    /// The model ran `plan`: its tokens are now in the cache.
+    pub fn on_step_done(&mut self, plan: &StepPlan) {
+        for c in &plan.chunks {
+            if let Some(s) = self.seqs.get_mut(&c.seq) {
+                s.num_computed = c.context_len + c.tokens.len();
+                self.kv.commit(c.seq, &s.tokens, s.num_computed);
+            }
+        }
+    }
+
+    /// A token was sampled for `id`; it is computed in a later step.
+    pub fn append_token(&mut self, id: SeqId, token: u32) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.tokens.push(token);
+        }
+    }
+
+    /// Remove `id` (finished or aborted) and free its blocks at once.
+    pub fn finish(&mut self, id: SeqId) {
+        if self.seqs.remove(&id).is_some() {
+            self.kv.free(id);
+            self.running.retain(|&r| r != id);
+            self.waiting.retain(|&w| w != id);
+        }
+    }
+
+    /// Block-pool, table and queue invariants (run every step in debug builds and tests).
+    pub fn check(&self) -> Result<(), String> {
+        self.kv.check()?;
+        for &id in &self.running {
+            let s = self.seqs.get(&id).ok_or(format!("running sequence {id} is unknown"))?;
+            if self.kv.blocks(id).len() < self.kv.blocks_for(s.num_computed) {
+                return Err(format!("sequence {id} computed {} tokens without blocks for them", s.num_computed));
+            }
+        }
+        if self.running.len() + self.waiting.len() != self.seqs.len() {
+            return Err(format!(
+                "{} running + {} waiting != {} sequences",
+                self.running.len(),
+                self.waiting.len(),
+                self.seqs.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(budget: usize, blocks: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs: 8,
+            max_model_len: 1000,
+            block_size: 4,
+            num_blocks: blocks,
+            enable_prefix_caching: false,
+        }
+    }
+
+    fn spec(id: SeqId, len: usize, max_tokens: usize) -> SeqSpec {
+        SeqSpec { id, prompt: (0..len as u32).map(|t| t + 100 * id as u32).collect(), max_tokens, ..Default::default() }
+    }
+
+    /// Marks the plan computed and appends a token to every chunk that samples.
+    fn finish_step(s: &mut Scheduler, plan: &StepPlan) {
+        s.on_step_done(plan);
+        for c in plan.chunks.iter().filter(|c| c.sample) {
+            s.append_token(c.seq, 7);
+        }
+        s.check().unwrap();
+    }
+
+    fn shape(plan: &StepPlan) -> Vec<(SeqId, usize, usize, bool)> {
+        plan.chunks.iter().map(|c| (c.seq, c.context_len, c.tokens.len(), c.sample)).collect()
+    }
+
+    #[test]
+    fn budget_chunked_prefill_and_decodes_first() {
+        let mut s = Scheduler::new(cfg(10, 100));
+        s.add(spec(1, 25, 5)).unwrap();
+        s.add(spec(2, 3, 5)).unwrap();
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 0, 10, false)], "the long prompt takes the whole budget");
+        finish_step(&mut s, &p);
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 10, 10, false)], "a running prefill goes before admissions");
+        finish_step(&mut s, &p);
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 20, 5, true), (2, 0, 3, true)]);
+        assert_eq!(p.num_tokens, 8);
+        finish_step(&mut s, &p);
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 25, 1, true), (2, 3, 1, true)], "then one decode token each");
+        assert_eq!(p.chunks[0].tokens, vec![7]);
+        assert!(p.chunks.iter().all(|c| c.blocks.len() * 4 >= c.context_len + c.tokens.len()));
+    }
+
+    #[test]
+    fn newest_is_preempted_and_requeued_first() {
+        let mut s = Scheduler::new(cfg(100, 4));
+        s.add(spec(1, 8, 8)).unwrap();
+        s.add(spec(2, 8, 8)).unwrap();
+        s.add(spec(3, 2, 2)).unwrap();
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 0, 8, true), (2, 0, 8, true)], "3 waits: no blocks left");
+        finish_step(&mut s, &p);
+        // Both need a third block; only the oldest gets it, the newest is preempted.
+        let p = s.schedule();
+        assert_eq!(p.preempted, vec![2]);
+        assert_eq!(shape(&p), vec![(1, 8, 1, true)]);
+        assert_eq!(s.stats.preemptions, 1);
+        assert_eq!(s.waiting.front(), Some(&2), "preempted goes to the front");
+        finish_step(&mut s, &p);
+        s.finish(1);
+        // Recompute: prompt plus the token generated before preemption.
+        let p = s.schedule();
+        assert_eq!(shape(&p)[0], (2, 0, 9, true));
+        assert_eq!(p.chunks[0].tokens.last(), Some(&7));
+    }
+
+    #[test]
+    fn max_num_seqs_limits_admission() {
+        let mut s = Scheduler::new(SchedulerConfig { max_num_seqs: 2, ..cfg(100, 100) });
+        for id in 0..3 {
+            s.add(spec(id, 2, 2)).unwrap();
+        }
+        let p = s.schedule();
+        assert_eq!(p.chunks.len(), 2);
+        assert_eq!(s.num_waiting(), 1);
+    }
+
+    #[test]
+    fn admission_refuses_what_can_never_fit() {
+        let s = Scheduler::new(cfg(100, 4));
+        assert!(matches!(s.check_admissible(0, 1), Err(AdmissionError::EmptyPrompt)));
+        assert!(matches!(s.check_admissible(990, 20), Err(AdmissionError::ContextLength { total: 1010, .. })));
+        assert!(matches!(s.check_admissible(10, 7), Err(AdmissionError::PoolTooSmall { needed: 5, .. })));
+        assert!(s.check_admissible(10, 6).is_ok());
+        let mut s = s;
+        s.add(spec(1, 2, 2)).unwrap();
+        assert!(matches!(s.add(spec(1, 2, 2)), Err(AdmissionError::Duplicate(1))));
+    }
+
+    #[test]
+    fn prefix_hit_skips_cached_blocks_and_siblings_wait_for_the_leader() {
+        let mut s = Scheduler::new(SchedulerConfig { enable_prefix_caching: true, ..cfg(6, 100) });
+        s.add(spec(1, 10, 4)).unwrap();
+        s.add(SeqSpec { id: 2, after: Some(1), ..spec(1, 10, 4) }).unwrap();
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 0, 6, false)], "the sibling waits for the leader's prompt");
+        finish_step(&mut s, &p);
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 6, 4, true)]);
+        finish_step(&mut s, &p);
+        let p = s.schedule();
+        // The sibling starts after the leader's two full blocks (8 tokens).
+        assert_eq!(shape(&p), vec![(1, 10, 1, true), (2, 8, 2, true)]);
+        assert_eq!(s.cached_prompt_tokens(2), 8);
+        assert_eq!(p.chunks[1].blocks[..2], p.chunks[0].blocks[..2]);
+    }
+}

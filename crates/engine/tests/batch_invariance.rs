@@ -1,0 +1,159 @@
+//! Batch invariance on the real model (the small f32 golden checkpoint over the paged KV cache):
+//! a greedy request yields the same tokens — and bit-identical logprobs, a much finer check —
+//! alone, batched with 1–31 others of different lengths, under different prefill chunk sizes,
+//! after preemption and recompute, and with its prompt hitting the prefix cache cold, warm and
+//! partially.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device};
+use flint_engine::engine_core::{EventSink, ModelInfo};
+use flint_engine::tokenizer::Tokenizer;
+use flint_engine::{EngineCore, EngineEvent, PagedModelRunner, Request, RequestParams, SchedulerConfig};
+use flint_model::source::Checkpoint;
+use flint_model::{PagedKvCache, Qwen2Model};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/small-f32")
+}
+
+struct Setup {
+    model_dir: PathBuf,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Setup {
+    fn new() -> Self {
+        Self { model_dir: fixture(), tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()) }
+    }
+
+    fn core(&self, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
+        let ck = Checkpoint::open(self.model_dir.to_str().unwrap()).unwrap();
+        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let cache = PagedKvCache::new(&ck.config, 16, num_blocks).unwrap();
+        let sched = SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs: 64,
+            max_model_len: 4096,
+            block_size: 16,
+            num_blocks,
+            enable_prefix_caching: true,
+        };
+        let info =
+            ModelInfo { vocab_size: ck.config.vocab_size, valid_vocab: ck.config.vocab_size, eos_token_ids: vec![] };
+        let mut core = EngineCore::new(PagedModelRunner { model, cache }, sched, self.tokenizer.clone(), info);
+        core.check_invariants = true;
+        core
+    }
+}
+
+/// What a request produced: tokens and the bits of every logprob.
+type Trace = Vec<(u32, u32, Vec<(u32, u32)>)>;
+type Log = Arc<Mutex<Trace>>;
+
+fn sink() -> (Log, EventSink) {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let sink: EventSink = Box::new(move |ev| {
+        match ev {
+            EngineEvent::Output(o) => {
+                let mut v = l.lock().unwrap();
+                for (t, lp) in o.token_ids.iter().zip(&o.logprobs) {
+                    v.push((*t, lp.logprob.to_bits(), lp.top.iter().map(|(i, p)| (*i, p.to_bits())).collect()));
+                }
+            }
+            EngineEvent::Error(e) => panic!("request failed: {e}"),
+        }
+        true
+    });
+    (log, sink)
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (seed.wrapping_mul(7919).wrapping_add(i * 131)) % 500 + 3).collect()
+}
+
+const TARGET_LEN: usize = 45;
+
+fn target() -> Request {
+    Request {
+        id: "target".into(),
+        prompt: prompt(1, TARGET_LEN),
+        params: RequestParams { max_tokens: 12, ignore_eos: true, logprobs: Some(3), ..Default::default() },
+    }
+}
+
+fn other(i: usize) -> Request {
+    Request {
+        id: format!("other{i}"),
+        prompt: prompt(100 + i as u32, 1 + (i * 37) % 90),
+        params: RequestParams { max_tokens: 4 + i % 9, ignore_eos: true, ..Default::default() },
+    }
+}
+
+fn drain(core: &mut EngineCore<PagedModelRunner>) {
+    let mut steps = 0;
+    while core.has_work() {
+        core.step();
+        steps += 1;
+        assert!(steps < 20_000, "no progress");
+    }
+}
+
+/// Add `others` first (so the target is the newest, the one preempted), then the target.
+fn run_with(core: &mut EngineCore<PagedModelRunner>, others: usize, first: Option<Request>) -> Trace {
+    if let Some(r) = first {
+        let (_, s) = sink();
+        core.add(r, s).unwrap();
+        drain(core);
+    }
+    for i in 0..others {
+        let (_, s) = sink();
+        core.add(other(i), s).unwrap();
+    }
+    let (log, s) = sink();
+    core.add(target(), s).unwrap();
+    drain(core);
+    let t = log.lock().unwrap().clone();
+    assert_eq!(t.len(), 12);
+    t
+}
+
+#[test]
+fn greedy_output_is_identical_alone_batched_chunked_preempted_and_cached() {
+    let setup = Setup::new();
+    let alone = run_with(&mut setup.core(4096, 512), 0, None);
+
+    for others in [1, 2, 5, 11, 31] {
+        let got = run_with(&mut setup.core(4096, 512), others, None);
+        assert_eq!(got, alone, "batched with {others} others");
+    }
+    for budget in [1, 5, 16, 33] {
+        let got = run_with(&mut setup.core(budget, 512), 7, None);
+        assert_eq!(got, alone, "prefill chunk budget {budget}");
+    }
+
+    // A pool of 12 blocks (192 tokens) cannot hold the target and its 7 elders: preemption.
+    let mut core = setup.core(64, 12);
+    let got = run_with(&mut core, 7, None);
+    assert!(core.scheduler().stats.preemptions > 0, "the small pool must force preemption");
+    assert_eq!(got, alone, "after preemption and recompute");
+
+    // Prefix cache: cold, then warm (the same prompt again), then partial (a shared stem).
+    let mut core = setup.core(4096, 512);
+    let cold = run_with(&mut core, 0, None);
+    assert_eq!(core.scheduler().stats.prefix_hits, 0);
+    assert_eq!(cold, alone, "cold cache");
+    let warm = run_with(&mut core, 0, None);
+    assert_eq!(core.scheduler().stats.prefix_hits, 32, "two full blocks of 45 tokens hit");
+    assert_eq!(warm, alone, "warm cache");
+    let mut core = setup.core(4096, 512);
+    let mut stem = target();
+    stem.id = "stem".into();
+    stem.prompt.truncate(20);
+    stem.prompt.extend([7, 8, 9]);
+    let partial = run_with(&mut core, 0, Some(stem));
+    assert_eq!(core.scheduler().stats.prefix_hits, 16, "one shared block");
+    assert_eq!(partial, alone, "partial cache hit");
+}
