@@ -88,6 +88,19 @@ impl EventStream {
         self.track(ev)
     }
 
+    /// The next event if one is ready, without waiting (`Ok(None)`: none yet; `Err(())`: over).
+    #[allow(clippy::result_unit_err)]
+    pub fn try_next(&mut self) -> Result<Option<EngineEvent>, ()> {
+        if self.done {
+            return Err(());
+        }
+        match self.rx.try_recv() {
+            Ok(ev) => Ok(self.track(Some(ev))),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Ok(self.track(None)),
+        }
+    }
+
     fn track(&mut self, ev: Option<EngineEvent>) -> Option<EngineEvent> {
         match &ev {
             None | Some(EngineEvent::Error(_)) => self.done = true,

@@ -1,45 +1,30 @@
-//! One request, start to finish: prefill the prompt, then decode token by token through the KV
-//! cache, streaming text as it becomes valid UTF-8, until a stop id or `max_tokens`. This is the
-//! single-sequence loop `flint generate` uses; the batching scheduler replaces it for serving.
+//! One request, start to finish, on the calling thread: what `flint generate` runs. It drives the
+//! same engine core as serving (paged cache, chunked prefill, sampler, stop handling) with a pool
+//! sized for this one request, so the CLI exercises exactly the serving path.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use flint_model::{ContiguousKvCache, ForwardBatch, LogitsRows};
-
-use crate::detokenizer::IncrementalDecoder;
+use crate::launch::{build_core, plan, EngineConfig};
 use crate::loader::LoadedModel;
-use crate::sampler::{Sampler, SamplingParams};
+use crate::request::{EngineEvent, FinishReason, Finished, Request, RequestParams};
 use crate::EngineError;
-
-/// Prompts longer than this are prefilled in chunks, bounding the attention scores' memory.
-const PREFILL_CHUNK: usize = 512;
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Extra ids that end generation, beside the model's EOS ids.
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop id was sampled.
-    Stop,
-    /// `max_tokens` reached, or the model's context is full.
-    Length,
+    /// `n` is ignored (one sample). `max_tokens` is clamped to what the context has left.
+    pub params: RequestParams,
 }
 
 #[derive(Debug, Clone)]
 pub struct GenerateOutcome {
     pub token_ids: Vec<u32>,
     pub text: String,
-    pub finish_reason: FinishReason,
+    pub finished: Finished,
     pub prompt_tokens: usize,
     pub prefill_secs: f64,
-    /// Forward passes after the prefill (the first token comes out of the prefill itself).
+    /// Steps after the prefill (the first token comes out of the prefill itself).
     pub decode_steps: usize,
     pub decode_secs: f64,
 }
@@ -48,93 +33,69 @@ impl GenerateOutcome {
     pub fn prefill_tok_per_s(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
     }
-    /// Decode forward passes (one token each) per second.
+    /// Decode steps (one token each) per second.
     pub fn decode_tok_per_s(&self) -> f64 {
         self.decode_steps as f64 / self.decode_secs.max(1e-9)
     }
 }
 
-/// Run `req` on `lm`, calling `on_text` with each newly finalised piece of text.
+/// Run `req` on `lm`, calling `on_text` with each newly released piece of text.
 pub fn generate(
     lm: &LoadedModel,
     req: &GenerateRequest,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerateOutcome, EngineError> {
-    req.sampling.validate()?;
-    let cfg = lm.model.config();
-    if req.prompt_ids.is_empty() {
-        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-    }
-    let max_len = cfg.max_context_len();
-    if req.prompt_ids.len() >= max_len {
+    let prompt_len = req.prompt_ids.len();
+    let model_len = lm.model.config().max_context_len();
+    if prompt_len >= model_len {
         return Err(EngineError::InvalidRequest(format!(
-            "the prompt has {} tokens but the model's maximum context length is {max_len}",
-            req.prompt_ids.len()
+            "the prompt has {prompt_len} tokens but the model's maximum context length is {model_len}"
         )));
     }
-    let mut cache = ContiguousKvCache::for_config(cfg, lm.model.dtype(), lm.model.device());
-    let mut sampler = Sampler::new(req.sampling.clone(), lm.valid_vocab());
-    let mut decoder = IncrementalDecoder::new(true);
-    let stops: Vec<u32> = if req.ignore_eos { Vec::new() } else { lm.eos_token_ids.clone() }
-        .into_iter()
-        .chain(req.stop_token_ids.iter().copied())
-        .collect();
+    let mut params = req.params.clone();
+    params.n = 1;
+    params.max_tokens = params.max_tokens.min(model_len - prompt_len);
+    let block_size = EngineConfig::default().block_size;
+    let blocks = (prompt_len + params.max_tokens).div_ceil(block_size);
+    let bytes = blocks * flint_model::PagedKvCache::bytes_per_block(lm.model.config(), block_size);
+    let ec = EngineConfig { kv_cache_memory: Some(bytes), max_num_seqs: 1, ..Default::default() };
+    let mut core = build_core(lm, &plan(lm, &ec)?)?;
+
+    let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();
+    let sink_events = events.clone();
+    let request = Request { id: "generate".into(), prompt: req.prompt_ids.clone(), params };
+    core.add(request, Box::new(move |ev| sink_events.lock().map(|mut v| v.push(ev)).is_ok()))?;
 
     let t0 = Instant::now();
-    let mut logits = None;
-    for (i, chunk) in req.prompt_ids.chunks(PREFILL_CHUNK).enumerate() {
-        let last = (i + 1) * PREFILL_CHUNK >= req.prompt_ids.len();
-        let mut batch = ForwardBatch::new();
-        batch.push(0, i * PREFILL_CHUNK, chunk, if last { LogitsRows::Last } else { LogitsRows::None });
-        logits = lm.model.forward(&batch, &mut cache)?;
-    }
-    let mut row = first_row(logits)?;
-    let prefill_secs = t0.elapsed().as_secs_f64();
-
-    let t1 = Instant::now();
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut finish = FinishReason::Length;
-    let mut pos = req.prompt_ids.len();
-    let mut decode_steps = 0;
-    while out.len() < req.max_tokens {
-        let tok = sampler.sample(&row, &[]);
-        if stops.contains(&tok) {
-            finish = FinishReason::Stop;
-            break;
+    let mut first_token_at = None;
+    let (mut token_ids, mut text, mut finished) = (Vec::new(), String::new(), None);
+    while core.has_work() {
+        core.step();
+        let batch =
+            std::mem::take(&mut *events.lock().map_err(|_| EngineError::Internal("event log poisoned".into()))?);
+        for ev in batch {
+            match ev {
+                EngineEvent::Output(o) => {
+                    first_token_at.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                    token_ids.extend(o.token_ids);
+                    if !o.text.is_empty() {
+                        on_text(&o.text);
+                        text.push_str(&o.text);
+                    }
+                    finished = o.finished.or(finished);
+                }
+                EngineEvent::Error(e) => return Err(EngineError::Internal(e)),
+            }
         }
-        out.push(tok);
-        let piece = decoder.push(&lm.tokenizer, tok)?;
-        if !piece.is_empty() {
-            on_text(&piece);
-            text.push_str(&piece);
-        }
-        if out.len() == req.max_tokens || pos + 1 >= max_len {
-            break;
-        }
-        let mut batch = ForwardBatch::new();
-        batch.push(0, pos, &[tok], LogitsRows::Last);
-        row = first_row(lm.model.forward(&batch, &mut cache)?)?;
-        pos += 1;
-        decode_steps += 1;
     }
-    let rest = decoder.flush(&lm.tokenizer)?;
-    if !rest.is_empty() {
-        on_text(&rest);
-        text.push_str(&rest);
-    }
+    let prefill_secs = first_token_at.unwrap_or_else(|| t0.elapsed().as_secs_f64());
     Ok(GenerateOutcome {
-        token_ids: out,
+        decode_steps: token_ids.len().saturating_sub(1),
+        token_ids,
         text,
-        finish_reason: finish,
-        prompt_tokens: req.prompt_ids.len(),
+        finished: finished.unwrap_or(Finished { reason: FinishReason::Error, stop: None }),
+        prompt_tokens: prompt_len,
         prefill_secs,
-        decode_steps,
-        decode_secs: t1.elapsed().as_secs_f64(),
+        decode_secs: t0.elapsed().as_secs_f64() - prefill_secs,
     })
-}
-
-fn first_row(logits: Option<candle_core::Tensor>) -> Result<Vec<f32>, EngineError> {
-    let t = logits.ok_or_else(|| EngineError::Internal("the model returned no logits".into()))?;
-    Ok(t.get(0).and_then(|r| r.to_vec1::<f32>()).map_err(flint_model::ModelError::from)?)
 }

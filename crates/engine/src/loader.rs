@@ -4,6 +4,7 @@
 //! offline out of the box.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use flint_model::source::Checkpoint;
@@ -26,8 +27,9 @@ const END_OF_GENERATION_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>"];
 pub const DEMO_SHAPE: &str = "tiny";
 
 pub struct LoadedModel {
-    pub model: Qwen2Model,
-    pub tokenizer: Tokenizer,
+    /// Shared with the engine's model runner.
+    pub model: Arc<Qwen2Model>,
+    pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
     /// Every id that ends generation (generation_config.json's list, then config.json's).
     pub eos_token_ids: Vec<u32>,
@@ -61,7 +63,7 @@ impl LoadedModel {
                 eos_token_ids.push(id);
             }
         }
-        Ok(Self { model, tokenizer, chat_template, eos_token_ids, source: spec })
+        Ok(Self { model: Arc::new(model), tokenizer: Arc::new(tokenizer), chat_template, eos_token_ids, source: spec })
     }
 
     /// Ids the sampler may choose: the tokenizer's, never the embedding's padding rows.
@@ -94,7 +96,7 @@ pub fn auto_dtype(ck: &Checkpoint) -> DType {
 }
 
 /// `MemAvailable` from /proc/meminfo, where there is one.
-fn available_memory() -> Option<usize> {
+pub(crate) fn available_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -1,6 +1,8 @@
 //! The model runner: executes a [`StepPlan`] and returns the logits the plan asks for. The engine
 //! core only sees this trait, so its scheduling is tested with a fake runner.
 
+use std::sync::Arc;
+
 use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
 
 use crate::scheduler::StepPlan;
@@ -30,7 +32,7 @@ pub trait ModelRunner: Send {
 
 /// Qwen2 over the paged KV cache.
 pub struct PagedModelRunner {
-    pub model: Qwen2Model,
+    pub model: Arc<Qwen2Model>,
     pub cache: PagedKvCache,
 }
 

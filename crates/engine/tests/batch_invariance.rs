@@ -42,7 +42,8 @@ impl Setup {
         };
         let info =
             ModelInfo { vocab_size: ck.config.vocab_size, valid_vocab: ck.config.vocab_size, eos_token_ids: vec![] };
-        let mut core = EngineCore::new(PagedModelRunner { model, cache }, sched, self.tokenizer.clone(), info);
+        let mut core =
+            EngineCore::new(PagedModelRunner { model: Arc::new(model), cache }, sched, self.tokenizer.clone(), info);
         core.check_invariants = true;
         core
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use flint_engine::chat_template::ChatTemplate;
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::{generate, GenerateRequest, LoadedModel, SamplingParams};
+use flint_engine::{generate, GenerateRequest, LoadedModel, RequestParams};
 use safetensors::SafeTensors;
 
 fn root() -> PathBuf {
@@ -57,10 +57,7 @@ fn prompts_and_greedy_tokens_match_transformers() {
         let want = ids(&reference, &format!("greedy.{k}"));
         let req = GenerateRequest {
             prompt_ids: prompt,
-            max_tokens: want.len(),
-            sampling: SamplingParams::default(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
+            params: RequestParams { max_tokens: want.len(), ignore_eos: true, ..Default::default() },
         };
         let out = generate(&lm, &req, |_| {}).unwrap();
         assert_eq!(out.token_ids, want, "prompt {k}: greedy tokens differ from transformers");

@@ -1,7 +1,11 @@
-//! `flint`: generate text, synthesize random checkpoints with real shapes, inspect checkpoints.
+//! `flint`: generate text, benchmark the engine, synthesize random checkpoints with real shapes,
+//! inspect checkpoints.
 //! Every failure ends with one `error: …` line on stderr and a non-zero exit.
 
+mod bench;
+mod engine_args;
 mod inspect;
+mod plot;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::{Parser, Subcommand};
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::{generate, GenerateRequest, LoadedModel, SamplingParams};
+use flint_engine::{generate, GenerateRequest, LoadedModel, RequestParams, SamplingParams};
 use flint_model::gguf_export::GgufType;
 use flint_model::synth::{synth, SynthOptions, SHAPES};
 
@@ -26,6 +30,9 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(GenerateArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Write a random-weight checkpoint with the exact shapes of a real model.
     Synth(SynthArgs),
     /// Print a checkpoint's geometry, tensors and memory needs.
@@ -34,6 +41,12 @@ enum Command {
         #[arg(long)]
         model: String,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Offline throughput: random prompts, all submitted at once, EOS ignored.
+    Throughput(bench::ThroughputArgs),
 }
 
 #[derive(clap::Args)]
@@ -90,6 +103,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => run_generate(a),
+        Command::Bench(BenchCommand::Throughput(a)) => bench::throughput(a),
         Command::Synth(a) => run_synth(a),
         Command::Inspect { model } => inspect::run(&model),
     };
@@ -141,10 +155,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     }
     let req = GenerateRequest {
         prompt_ids,
-        max_tokens: a.max_tokens,
-        sampling,
-        stop_token_ids: Vec::new(),
-        ignore_eos: a.ignore_eos,
+        params: RequestParams { sampling, max_tokens: a.max_tokens, ignore_eos: a.ignore_eos, ..Default::default() },
     };
     let stdout = std::io::stdout();
     let out = generate(&lm, &req, |piece| {
@@ -155,7 +166,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     })?;
     println!();
     eprintln!(
-        "prefill: {} tokens in {:.3}s ({:.1} tok/s) | decode: {} tokens in {:.3}s ({:.1} tok/s) | generated {} tokens, finish: {:?}",
+        "prefill: {} tokens in {:.3}s ({:.1} tok/s) | decode: {} tokens in {:.3}s ({:.1} tok/s) | generated {} tokens, finish: {}",
         out.prompt_tokens,
         out.prefill_secs,
         out.prefill_tok_per_s(),
@@ -163,7 +174,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         out.decode_secs,
         out.decode_tok_per_s(),
         out.token_ids.len(),
-        out.finish_reason,
+        out.finished.reason.as_str(),
     );
     Ok(())
 }

@@ -87,7 +87,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
     assert_eq!(y.len(), m * w.out, "matmul output length");
     let num_panels = w.out.div_ceil(PANEL);
     // Each task owns a range of panels and writes its own column stripe into a private buffer.
-    let per_task = num_panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+    let per_task = num_panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1).next_multiple_of(2);
     let stripes: Vec<(usize, Vec<f32>)> = (0..num_panels)
         .step_by(per_task)
         .collect::<Vec<_>>()
@@ -95,16 +95,26 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
         .map(|p0| {
             let p1 = (p0 + per_task).min(num_panels);
             let mut out = vec![0f32; m * (p1 - p0) * PANEL];
-            for p in p0..p1 {
-                let panel = &w.panels[p * w.inp * PANEL..(p + 1) * w.inp * PANEL];
+            let panel = |p: usize| &w.panels[p * w.inp * PANEL..(p + 1) * w.inp * PANEL];
+            // Two panels at a time: eight independent accumulators hide the FMA latency.
+            for p in (p0..p1).step_by(2) {
+                let pair = p + 1 < p1;
                 let mut r = 0;
                 while r < m {
                     let rows = (m - r).min(ROWS);
-                    let mut acc = [[0f32; PANEL]; ROWS];
-                    tile(isa, &x[r * w.inp..(r + rows) * w.inp], rows, w.inp, panel, &mut acc);
-                    for (i, a) in acc.iter().enumerate().take(rows) {
-                        let dst = ((r + i) * (p1 - p0) + (p - p0)) * PANEL;
-                        out[dst..dst + PANEL].copy_from_slice(a);
+                    let xs = &x[r * w.inp..(r + rows) * w.inp];
+                    let mut acc = [[[0f32; PANEL]; ROWS]; 2];
+                    let [a0, a1] = &mut acc;
+                    if pair {
+                        tile_pair(isa, xs, rows, w.inp, panel(p), panel(p + 1), a0, a1);
+                    } else {
+                        tile(isa, xs, rows, w.inp, panel(p), a0);
+                    }
+                    for (j, a) in acc.iter().enumerate().take(1 + usize::from(pair)) {
+                        for (i, row) in a.iter().enumerate().take(rows) {
+                            let dst = ((r + i) * (p1 - p0) + (p + j - p0)) * PANEL;
+                            out[dst..dst + PANEL].copy_from_slice(row);
+                        }
                     }
                     r += rows;
                 }
@@ -132,6 +142,28 @@ fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: &[f32], acc: &mut [[f
         Isa::Avx2Fma => unsafe { x86::tile_avx2(x, rows, k, panel, acc) },
         _ => tile_scalar(x, rows, k, panel, acc),
     }
+}
+
+/// [`tile`] on two panels; the same sums, computed side by side where the ISA allows.
+#[allow(clippy::too_many_arguments)]
+fn tile_pair(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    p0: &[f32],
+    p1: &[f32],
+    acc0: &mut [[f32; PANEL]; ROWS],
+    acc1: &mut [[f32; PANEL]; ROWS],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && rows == ROWS {
+        // SAFETY: AVX-512F confirmed by the caller's `isa`.
+        unsafe { x86::tile4x2_avx512(x, k, p0, p1, acc0, acc1) };
+        return;
+    }
+    tile(isa, x, rows, k, p0, acc0);
+    tile(isa, x, rows, k, p1, acc1);
 }
 
 /// The portable reference; `mul_add` is a correctly rounded FMA, exactly what the SIMD paths do.
@@ -178,6 +210,33 @@ mod x86 {
         }
         for (dst, src) in acc.iter_mut().zip(a).take(rows) {
             _mm512_storeu_ps(dst.as_mut_ptr(), src);
+        }
+    }
+
+    /// Four rows against two panels: eight accumulators, each still one in-order FMA chain.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile4x2_avx512(
+        x: &[f32],
+        k: usize,
+        p0: &[f32],
+        p1: &[f32],
+        acc0: &mut [[f32; PANEL]; ROWS],
+        acc1: &mut [[f32; PANEL]; ROWS],
+    ) {
+        let (mut a, mut b) = ([_mm512_setzero_ps(); ROWS], [_mm512_setzero_ps(); ROWS]);
+        let (xp, w0p, w1p) = (x.as_ptr(), p0.as_ptr(), p1.as_ptr());
+        for kk in 0..k {
+            let w0 = _mm512_loadu_ps(w0p.add(kk * PANEL));
+            let w1 = _mm512_loadu_ps(w1p.add(kk * PANEL));
+            for i in 0..ROWS {
+                let xv = _mm512_set1_ps(*xp.add(i * k + kk));
+                a[i] = _mm512_fmadd_ps(xv, w0, a[i]);
+                b[i] = _mm512_fmadd_ps(xv, w1, b[i]);
+            }
+        }
+        for i in 0..ROWS {
+            _mm512_storeu_ps(acc0[i].as_mut_ptr(), a[i]);
+            _mm512_storeu_ps(acc1[i].as_mut_ptr(), b[i]);
         }
     }
 

@@ -1,0 +1,113 @@
+//! From a loaded model and the serving flags to a running engine: size the paged KV pool from the
+//! memory budget, settle the maximum model length, and build the engine core.
+
+use crate::engine_core::{EngineCore, ModelInfo};
+use crate::loader::{available_memory, LoadedModel};
+use crate::runner::PagedModelRunner;
+use crate::scheduler::SchedulerConfig;
+use crate::EngineError;
+use flint_model::PagedKvCache;
+
+/// The serving knobs (`--block-size`, `--kv-cache-memory`, …), defaults chosen for a CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub block_size: usize,
+    /// Bytes for the KV pool; `None`: a quarter of the memory available after loading, capped at
+    /// what `max_num_seqs` sequences of `max_model_len` tokens could ever use.
+    pub kv_cache_memory: Option<usize>,
+    /// Tokens per step. On a CPU a step of 512 prompt tokens already takes a few seconds on a
+    /// 0.5B model; more would stall running streams for longer.
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    /// `None`: the model's own context length.
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            kv_cache_memory: None,
+            max_num_batched_tokens: 512,
+            max_num_seqs: 64,
+            max_model_len: None,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// What [`plan`] decided, for the start-up banner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub sched: SchedulerConfig,
+    pub bytes_per_block: usize,
+    pub pool_bytes: usize,
+}
+
+impl PoolPlan {
+    pub fn tokens(&self) -> usize {
+        self.sched.num_blocks * self.sched.block_size
+    }
+}
+
+/// Size the pool and the limits for `lm` under `ec`.
+pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError> {
+    let cfg = lm.model.config();
+    let bad = |m: String| Err(EngineError::InvalidRequest(m));
+    if ec.block_size == 0 || ec.block_size > 1024 {
+        return bad(format!("--block-size must be between 1 and 1024, got {}", ec.block_size));
+    }
+    if ec.max_num_batched_tokens == 0 || ec.max_num_seqs == 0 {
+        return bad("--max-num-batched-tokens and --max-num-seqs must be at least 1".into());
+    }
+    let model_len = cfg.max_context_len();
+    let max_model_len = match ec.max_model_len {
+        Some(0) => return bad("--max-model-len must be at least 1".into()),
+        Some(l) if l > model_len => {
+            return bad(format!("--max-model-len {l} exceeds the model's context length {model_len}"));
+        }
+        Some(l) => l,
+        None => model_len,
+    };
+    let bytes_per_block = PagedKvCache::bytes_per_block(cfg, ec.block_size);
+    let useful = ec.max_num_seqs.saturating_mul(max_model_len.div_ceil(ec.block_size)).saturating_mul(bytes_per_block);
+    let pool_bytes = match ec.kv_cache_memory {
+        Some(b) => b,
+        None => (available_memory().unwrap_or(4 << 30) / 4).min(useful),
+    };
+    let num_blocks = pool_bytes / bytes_per_block;
+    if num_blocks == 0 {
+        return bad(format!(
+            "--kv-cache-memory {pool_bytes} bytes holds no block; one block of {} tokens needs {bytes_per_block} bytes",
+            ec.block_size
+        ));
+    }
+    // A sequence longer than the pool could never run: the pool bounds the context too.
+    let max_model_len = max_model_len.min(num_blocks * ec.block_size);
+    Ok(PoolPlan {
+        sched: SchedulerConfig {
+            max_num_batched_tokens: ec.max_num_batched_tokens,
+            max_num_seqs: ec.max_num_seqs,
+            max_model_len,
+            block_size: ec.block_size,
+            num_blocks,
+            enable_prefix_caching: ec.enable_prefix_caching,
+        },
+        bytes_per_block,
+        pool_bytes: num_blocks * bytes_per_block,
+    })
+}
+
+/// An engine core over `lm`'s model with a fresh pool as planned.
+pub fn build_core(lm: &LoadedModel, plan: &PoolPlan) -> Result<EngineCore<PagedModelRunner>, EngineError> {
+    let cfg = lm.model.config();
+    let cache = PagedKvCache::new(cfg, plan.sched.block_size, plan.sched.num_blocks)?;
+    let info = ModelInfo {
+        vocab_size: cfg.vocab_size,
+        valid_vocab: lm.valid_vocab(),
+        eos_token_ids: lm.eos_token_ids.clone(),
+    };
+    let runner = PagedModelRunner { model: lm.model.clone(), cache };
+    Ok(EngineCore::new(runner, plan.sched.clone(), lm.tokenizer.clone(), info))
+}

@@ -1,0 +1,173 @@
+//! `flint bench throughput`: offline throughput through the real engine (step thread, paged cache,
+//! scheduler), vLLM's `benchmark_throughput` in spirit: random prompts of a fixed length, EOS
+//! ignored so every request makes exactly `--output-len` tokens, all submitted at once.
+//! `--sweep` repeats that at concurrency 1, 2, 4, 8, 16, 32 and writes JSON and a PNG plot.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use flint_engine::{build_core, plan, Engine, EngineEvent, LoadedModel, Request, RequestParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::engine_args::EngineArgs;
+use crate::plot::{render_png, Chart, Series};
+
+#[derive(clap::Args)]
+pub struct ThroughputArgs {
+    /// Local directory, .gguf file, or hub id; omitted: the built-in demo model.
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    num_prompts: usize,
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    #[arg(long, default_value_t = 64)]
+    output_len: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Run concurrency 1, 2, 4, 8, 16, 32 (max-num-seqs at each; `--waves` × concurrency prompts).
+    #[arg(long)]
+    sweep: bool,
+    /// With --sweep: prompts per level = waves × concurrency.
+    #[arg(long, default_value_t = 1)]
+    waves: usize,
+    /// Where --sweep writes throughput-sweep.json and throughput-sweep.png.
+    #[arg(long, default_value = "bench-results")]
+    out_dir: PathBuf,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Level {
+    concurrency: usize,
+    num_prompts: usize,
+    elapsed_s: f64,
+    requests_per_s: f64,
+    output_tokens_per_s: f64,
+    total_tokens_per_s: f64,
+    mean_ttft_s: f64,
+    preemptions: u64,
+}
+
+pub fn throughput(a: ThroughputArgs) -> Result<()> {
+    if a.num_prompts == 0 || a.input_len == 0 || a.output_len == 0 || a.waves == 0 {
+        bail!("--num-prompts, --input-len, --output-len and --waves must be at least 1");
+    }
+    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
+    // Ordinary tokens only: special ids would change how a real prompt behaves.
+    let vocab = (0..lm.valid_vocab() as u32).take_while(|&t| !lm.tokenizer.is_special(t)).count().max(1) as u32;
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut prompt = || (0..a.input_len).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();
+    eprintln!("model {} ({:?}), input {} / output {} tokens", lm.source, lm.model.dtype(), a.input_len, a.output_len);
+    if !a.sweep {
+        let prompts: Vec<Vec<u32>> = (0..a.num_prompts).map(|_| prompt()).collect();
+        let level = run_level(&lm, &a, a.engine.max_num_seqs, prompts)?;
+        print_level(&level);
+        return Ok(());
+    }
+    let mut levels = Vec::new();
+    for c in [1usize, 2, 4, 8, 16, 32] {
+        let prompts: Vec<Vec<u32>> = (0..c * a.waves).map(|_| prompt()).collect();
+        let level = run_level(&lm, &a, c, prompts)?;
+        print_level(&level);
+        levels.push(level);
+    }
+    std::fs::create_dir_all(&a.out_dir).with_context(|| format!("creating {}", a.out_dir.display()))?;
+    let json = serde_json::json!({
+        "model": lm.source,
+        "dtype": format!("{:?}", lm.model.dtype()),
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "waves": a.waves,
+        "max_num_batched_tokens": a.engine.max_num_batched_tokens,
+        "levels": levels,
+    });
+    let json_path = a.out_dir.join("throughput-sweep.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let base = levels.first().map_or(0.0, |l| l.output_tokens_per_s);
+    let chart = Chart {
+        title: format!("flint output throughput, in {} / out {}", a.input_len, a.output_len),
+        x_label: "concurrent sequences".into(),
+        y_label: "output tokens/s".into(),
+        log2_x: true,
+        series: vec![
+            Series {
+                label: "measured".into(),
+                points: levels.iter().map(|l| (l.concurrency as f64, l.output_tokens_per_s)).collect(),
+            },
+            Series {
+                label: "linear from 1".into(),
+                points: levels.iter().map(|l| (l.concurrency as f64, base * l.concurrency as f64)).collect(),
+            },
+        ],
+    };
+    let png_path = a.out_dir.join("throughput-sweep.png");
+    std::fs::write(&png_path, render_png(&chart)).with_context(|| format!("writing {}", png_path.display()))?;
+    eprintln!("wrote {} and {}", json_path.display(), png_path.display());
+    Ok(())
+}
+
+fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: Vec<Vec<u32>>) -> Result<Level> {
+    let mut ec = a.engine.config();
+    ec.max_num_seqs = concurrency;
+    let pool = plan(lm, &ec)?;
+    let engine = Engine::start(build_core(lm, &pool)?);
+    let n = prompts.len();
+    let params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };
+    let t0 = Instant::now();
+    let mut streams = Vec::with_capacity(n);
+    for (i, p) in prompts.into_iter().enumerate() {
+        streams.push(engine.submit(Request { id: format!("bench-{i}"), prompt: p, params: params.clone() })?);
+    }
+    // Poll every stream so each first token is timed when it arrives, not when it is read.
+    let (mut out_tokens, mut ttft_sum) = (0usize, 0f64);
+    let mut first: Vec<Option<f64>> = vec![None; n];
+    let mut open: Vec<bool> = vec![true; n];
+    while open.iter().any(|&o| o) {
+        let mut idle = true;
+        for (i, s) in streams.iter_mut().enumerate() {
+            if !open[i] {
+                continue;
+            }
+            match s.try_next() {
+                Ok(Some(EngineEvent::Output(o))) => {
+                    idle = false;
+                    first[i].get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                    out_tokens += o.token_ids.len();
+                }
+                Ok(Some(EngineEvent::Error(e))) => bail!("request {} failed: {e}", s.id()),
+                Ok(None) => {}
+                Err(()) => open[i] = false,
+            }
+        }
+        if idle {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    ttft_sum += first.iter().map(|f| f.unwrap_or(0.0)).sum::<f64>();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let preemptions = engine.stats().num_preemptions;
+    engine.shutdown();
+    Ok(Level {
+        concurrency,
+        num_prompts: n,
+        elapsed_s: elapsed,
+        requests_per_s: n as f64 / elapsed,
+        output_tokens_per_s: out_tokens as f64 / elapsed,
+        total_tokens_per_s: (out_tokens + n * a.input_len) as f64 / elapsed,
+        mean_ttft_s: ttft_sum / n as f64,
+        preemptions,
+    })
+}
+
+fn print_level(l: &Level) {
+    println!(
+        "concurrency {:>2}: {} requests in {:.2}s | {:.3} requests/s, {:.2} output tok/s, {:.2} total tok/s | mean TTFT {:.2}s | preemptions {}",
+        l.concurrency, l.num_prompts, l.elapsed_s, l.requests_per_s, l.output_tokens_per_s, l.total_tokens_per_s, l.mean_ttft_s, l.preemptions
+    );
+}

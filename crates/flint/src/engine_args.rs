@@ -1,0 +1,74 @@
+//! The engine flags shared by `flint bench` and (later) `flint serve`, with vLLM's names.
+
+use anyhow::{bail, Result};
+use flint_engine::EngineConfig;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Bytes for the paged KV cache (suffixes K, M, G, KiB, MiB, GiB); default: a quarter of
+    /// the memory available after loading the model.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<usize>,
+    /// Token budget of one engine step (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Longest prompt + output accepted; default: the model's context length.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Turn off prefix caching (on by default).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            kv_cache_memory: self.kv_cache_memory,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            max_model_len: self.max_model_len,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+        }
+    }
+}
+
+/// `4G`, `512MiB`, `1000000` → bytes (K/M/G are powers of 1024, like vLLM's `--kv-cache-memory`).
+pub fn parse_bytes(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = match num.parse() {
+        Ok(n) => n,
+        Err(_) => bail!("{s:?} is not a byte count (e.g. 4G, 512MiB, 1000000)"),
+    };
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => bail!("{s:?}: unknown unit {unit:?} (use K, M or G)"),
+    };
+    Ok((n * mult) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("4X").is_err());
+    }
+}
