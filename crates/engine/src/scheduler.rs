@@ -199,6 +199,11 @@ impl Scheduler {
                 continue;
             };
             let n = (s.tokens.len() - s.num_computed).min(budget);
+            if n == 0 {
+                // Nothing new to compute (cannot happen while every step samples; never a 0-token chunk).
+                i += 1;
+                continue;
+            }
             let end = s.num_computed + n;
             let mut scheduled = true;
             while !self.kv.allocate(id, end) {

@@ -50,6 +50,9 @@ struct Level {
     output_tokens_per_s: f64,
     total_tokens_per_s: f64,
     mean_ttft_s: f64,
+    /// Output tokens/s once every request had its first token (all prompts ingested): the
+    /// batched-decode rate, without the prefill phase that dominates short runs.
+    decode_tokens_per_s: f64,
     preemptions: u64,
 }
 
@@ -89,20 +92,23 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
     let json_path = a.out_dir.join("throughput-sweep.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
-    let base = levels.first().map_or(0.0, |l| l.output_tokens_per_s);
     let chart = Chart {
-        title: format!("flint output throughput, in {} / out {}", a.input_len, a.output_len),
+        title: format!("flint throughput vs concurrency, input {} / output {} tokens", a.input_len, a.output_len),
         x_label: "concurrent sequences".into(),
-        y_label: "output tokens/s".into(),
+        y_label: "tokens/s".into(),
         log2_x: true,
         series: vec![
             Series {
-                label: "measured".into(),
+                label: "output tok/s".into(),
                 points: levels.iter().map(|l| (l.concurrency as f64, l.output_tokens_per_s)).collect(),
             },
             Series {
-                label: "linear from 1".into(),
-                points: levels.iter().map(|l| (l.concurrency as f64, base * l.concurrency as f64)).collect(),
+                label: "decode-phase tok/s".into(),
+                points: levels.iter().map(|l| (l.concurrency as f64, l.decode_tokens_per_s)).collect(),
+            },
+            Series {
+                label: "total tok/s (prompt + output)".into(),
+                points: levels.iter().map(|l| (l.concurrency as f64, l.total_tokens_per_s)).collect(),
             },
         ],
     };
@@ -128,6 +134,7 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
     let (mut out_tokens, mut ttft_sum) = (0usize, 0f64);
     let mut first: Vec<Option<f64>> = vec![None; n];
     let mut open: Vec<bool> = vec![true; n];
+    let mut arrivals: Vec<(f64, usize)> = Vec::new();
     while open.iter().any(|&o| o) {
         let mut idle = true;
         for (i, s) in streams.iter_mut().enumerate() {
@@ -137,8 +144,10 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
             match s.try_next() {
                 Ok(Some(EngineEvent::Output(o))) => {
                     idle = false;
-                    first[i].get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                    let now = t0.elapsed().as_secs_f64();
+                    first[i].get_or_insert(now);
                     out_tokens += o.token_ids.len();
+                    arrivals.push((now, o.token_ids.len()));
                 }
                 Ok(Some(EngineEvent::Error(e))) => bail!("request {} failed: {e}", s.id()),
                 Ok(None) => {}
@@ -151,6 +160,8 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
     }
     ttft_sum += first.iter().map(|f| f.unwrap_or(0.0)).sum::<f64>();
     let elapsed = t0.elapsed().as_secs_f64();
+    let all_started = first.iter().map(|f| f.unwrap_or(0.0)).fold(0.0, f64::max);
+    let decode_tokens: usize = arrivals.iter().filter(|(t, _)| *t > all_started).map(|(_, k)| k).sum();
     let preemptions = engine.stats().num_preemptions;
     engine.shutdown();
     Ok(Level {
@@ -161,13 +172,22 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
         output_tokens_per_s: out_tokens as f64 / elapsed,
         total_tokens_per_s: (out_tokens + n * a.input_len) as f64 / elapsed,
         mean_ttft_s: ttft_sum / n as f64,
+        decode_tokens_per_s: decode_tokens as f64 / (elapsed - all_started).max(1e-9),
         preemptions,
     })
 }
 
 fn print_level(l: &Level) {
     println!(
-        "concurrency {:>2}: {} requests in {:.2}s | {:.3} requests/s, {:.2} output tok/s, {:.2} total tok/s | mean TTFT {:.2}s | preemptions {}",
-        l.concurrency, l.num_prompts, l.elapsed_s, l.requests_per_s, l.output_tokens_per_s, l.total_tokens_per_s, l.mean_ttft_s, l.preemptions
+        "concurrency {:>2}: {} requests in {:.2}s | {:.3} requests/s, {:.2} output tok/s, {:.2} total tok/s | mean TTFT {:.2}s | decode phase {:.2} tok/s | preemptions {}",
+        l.concurrency,
+        l.num_prompts,
+        l.elapsed_s,
+        l.requests_per_s,
+        l.output_tokens_per_s,
+        l.total_tokens_per_s,
+        l.mean_ttft_s,
+        l.decode_tokens_per_s,
+        l.preemptions
     );
 }

@@ -226,3 +226,40 @@ fn offline_hub_id_resolves_from_the_local_cache() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("vocab size:      512"));
 }
+
+#[test]
+fn bench_throughput_and_sweep_on_the_demo_model() {
+    let o = flint(&["bench", "throughput", "--num-prompts", "3", "--input-len", "8", "--output-len", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("3 requests") && out.contains("output tok/s"), "{out}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sweep");
+    let o = flint(&[
+        "bench",
+        "throughput",
+        "--sweep",
+        "--input-len",
+        "6",
+        "--output-len",
+        "3",
+        "--out-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("throughput-sweep.json")).unwrap()).unwrap();
+    let levels = json["levels"].as_array().unwrap();
+    let conc: Vec<u64> = levels.iter().map(|l| l["concurrency"].as_u64().unwrap()).collect();
+    assert_eq!(conc, vec![1, 2, 4, 8, 16, 32]);
+    for l in levels {
+        assert_eq!(l["num_prompts"], l["concurrency"]);
+        assert!(l["output_tokens_per_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    let png = std::fs::read(dir.join("throughput-sweep.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+
+    let o = flint(&["bench", "throughput", "--input-len", "0"]);
+    assert_one_line_error(&o, &["--input-len"]);
+}

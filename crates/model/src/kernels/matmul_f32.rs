@@ -12,8 +12,8 @@ use rayon::prelude::*;
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
 pub const PANEL: usize = 16;
-/// Rows per micro-tile: four rows share each loaded panel vector.
-const ROWS: usize = 4;
+/// Rows per micro-tile: eight rows share each loaded panel vector (16 AVX-512 accumulators).
+const ROWS: usize = 8;
 
 /// A `[out, in]` weight packed for [`matmul`].
 #[derive(Clone)]
@@ -157,9 +157,21 @@ fn tile_pair(
     acc1: &mut [[f32; PANEL]; ROWS],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rows == ROWS {
-        // SAFETY: AVX-512F confirmed by the caller's `isa`.
-        unsafe { x86::tile4x2_avx512(x, k, p0, p1, acc0, acc1) };
+    if isa == Isa::Avx512 {
+        use x86::tile_rx2_avx512 as t;
+        // SAFETY: AVX-512F confirmed by the caller's `isa`; `x` holds `rows` rows of `k`.
+        unsafe {
+            match rows {
+                1 => t::<1>(x, k, p0, p1, acc0, acc1),
+                2 => t::<2>(x, k, p0, p1, acc0, acc1),
+                3 => t::<3>(x, k, p0, p1, acc0, acc1),
+                4 => t::<4>(x, k, p0, p1, acc0, acc1),
+                5 => t::<5>(x, k, p0, p1, acc0, acc1),
+                6 => t::<6>(x, k, p0, p1, acc0, acc1),
+                7 => t::<7>(x, k, p0, p1, acc0, acc1),
+                _ => t::<8>(x, k, p0, p1, acc0, acc1),
+            }
+        }
         return;
     }
     tile(isa, x, rows, k, p0, acc0);
@@ -213,9 +225,9 @@ mod x86 {
         }
     }
 
-    /// Four rows against two panels: eight accumulators, each still one in-order FMA chain.
+    /// `R` rows against two panels: 2·R accumulators, each still one in-order FMA chain.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile4x2_avx512(
+    pub unsafe fn tile_rx2_avx512<const R: usize>(
         x: &[f32],
         k: usize,
         p0: &[f32],
@@ -223,18 +235,18 @@ mod x86 {
         acc0: &mut [[f32; PANEL]; ROWS],
         acc1: &mut [[f32; PANEL]; ROWS],
     ) {
-        let (mut a, mut b) = ([_mm512_setzero_ps(); ROWS], [_mm512_setzero_ps(); ROWS]);
+        let (mut a, mut b) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
         let (xp, w0p, w1p) = (x.as_ptr(), p0.as_ptr(), p1.as_ptr());
         for kk in 0..k {
             let w0 = _mm512_loadu_ps(w0p.add(kk * PANEL));
             let w1 = _mm512_loadu_ps(w1p.add(kk * PANEL));
-            for i in 0..ROWS {
+            for i in 0..R {
                 let xv = _mm512_set1_ps(*xp.add(i * k + kk));
                 a[i] = _mm512_fmadd_ps(xv, w0, a[i]);
                 b[i] = _mm512_fmadd_ps(xv, w1, b[i]);
             }
         }
-        for i in 0..ROWS {
+        for i in 0..R {
             _mm512_storeu_ps(acc0[i].as_mut_ptr(), a[i]);
             _mm512_storeu_ps(acc1[i].as_mut_ptr(), b[i]);
         }
@@ -287,7 +299,13 @@ mod tests {
 
     #[test]
     fn matches_f64_reference_and_is_identical_across_isas() {
-        let (out, inp, m) = (37, 29, 7); // ragged panels and row tiles
+        for m in 1..=17 {
+            check_isas(m);
+        }
+    }
+
+    fn check_isas(m: usize) {
+        let (out, inp) = (37, 29); // ragged panels and row tiles
         let w = data(out * inp, 1);
         let x = data(m * inp, 2);
         let packed = PackedF32::pack(&w, out, inp);
