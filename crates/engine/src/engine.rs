@@ -2,14 +2,14 @@
 //! command channel; each submitted request gets an async stream of [`EngineEvent`]s. Dropping
 //! the stream before it finishes aborts the request, which frees its blocks at once.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::engine_core::{validate, EngineCore, ModelInfo};
+use crate::engine_core::{validate, EngineCore, Handle, ModelInfo};
 use crate::request::{EngineEvent, Request};
 use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
@@ -36,8 +36,9 @@ pub struct EngineStats {
 }
 
 enum Command {
-    Add(Box<Request>, tokio::sync::mpsc::UnboundedSender<EngineEvent>),
+    Add(Handle, Box<Request>, tokio::sync::mpsc::UnboundedSender<EngineEvent>),
     Abort(String),
+    AbortHandle(Handle),
     Shutdown,
 }
 
@@ -54,11 +55,13 @@ struct Inner {
     stats: Arc<Mutex<EngineStats>>,
     alive: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    next_handle: AtomicU64,
 }
 
 /// The events of one request. Ends after every sample finished, or after an error.
 pub struct EventStream {
     id: String,
+    handle: Handle,
     rx: UnboundedReceiver<EngineEvent>,
     engine: Engine,
     done: bool,
@@ -120,7 +123,7 @@ impl EventStream {
 impl Drop for EventStream {
     fn drop(&mut self) {
         if !self.done {
-            self.engine.abort(&self.id);
+            let _ = self.engine.send(Command::AbortHandle(self.handle));
         }
     }
 }
@@ -140,7 +143,8 @@ impl Engine {
         let alive = Arc::new(AtomicBool::new(true));
         let (s, a) = (stats.clone(), alive.clone());
         let thread = std::thread::Builder::new().name("flint-engine".into()).spawn(move || {
-            run_loop(core, rx, &s);
+            // Whatever ends the loop, a panic included, the engine must read as unhealthy after.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_loop(core, rx, &s)));
             a.store(false, Ordering::SeqCst);
             if let Ok(mut st) = s.lock() {
                 st.healthy = false;
@@ -150,7 +154,17 @@ impl Engine {
         if thread.is_none() {
             alive.store(false, Ordering::SeqCst);
         }
-        Self { inner: Arc::new(Inner { tx: Mutex::new(tx), sched, info, stats, alive, thread: Mutex::new(thread) }) }
+        Self {
+            inner: Arc::new(Inner {
+                tx: Mutex::new(tx),
+                sched,
+                info,
+                stats,
+                alive,
+                thread: Mutex::new(thread),
+                next_handle: AtomicU64::new(0),
+            }),
+        }
     }
 
     pub fn scheduler_config(&self) -> &SchedulerConfig {
@@ -177,11 +191,12 @@ impl Engine {
         }
         let (etx, erx) = unbounded_channel();
         let (id, live) = (req.id.clone(), req.params.n);
-        self.send(Command::Add(Box::new(req), etx))?;
-        Ok(EventStream { id, rx: erx, engine: self.clone(), done: false, live })
+        let handle = self.inner.next_handle.fetch_add(1, Ordering::SeqCst);
+        self.send(Command::Add(handle, Box::new(req), etx))?;
+        Ok(EventStream { id, handle, rx: erx, engine: self.clone(), done: false, live })
     }
 
-    /// Abort request `id` (a no-op if it already finished).
+    /// Abort every live request with client id `id` (a no-op if none).
     pub fn abort(&self, id: &str) {
         let _ = self.send(Command::Abort(id.to_string()));
     }
@@ -232,15 +247,19 @@ fn run_loop<R: ModelRunner>(mut core: EngineCore<R>, rx: mpsc::Receiver<Command>
 /// Apply one command; `false` to stop the loop.
 fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command) -> bool {
     match cmd {
-        Command::Add(req, tx) => {
+        Command::Add(handle, req, tx) => {
             let sink_tx = tx.clone();
-            if let Err(e) = core.add(*req, Box::new(move |ev| sink_tx.send(ev).is_ok())) {
+            if let Err(e) = core.add_with_handle(handle, *req, Box::new(move |ev| sink_tx.send(ev).is_ok())) {
                 let _ = tx.send(EngineEvent::Error(e.to_string()));
             }
             true
         }
         Command::Abort(id) => {
             core.abort(&id);
+            true
+        }
+        Command::AbortHandle(h) => {
+            core.abort_handle(h);
             true
         }
         Command::Shutdown => false,

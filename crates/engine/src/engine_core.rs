@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::detokenizer::IncrementalDecoder;
 use crate::kv_manager::SeqId;
@@ -32,7 +33,16 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Identifies one submitted request inside the engine (request ids come from clients and need
+/// not be unique; aborting by handle can never hit someone else's request).
+pub type Handle = u64;
+
+/// Handles `add` assigns itself start here, apart from those the threaded engine assigns.
+const OWN_HANDLES: Handle = 1 << 63;
+
 struct Group {
+    request_id: String,
+    added: Instant,
     sink: EventSink,
     prompt_len: usize,
     live: usize,
@@ -41,7 +51,7 @@ struct Group {
 }
 
 struct Sample {
-    group: String,
+    group: Handle,
     index: usize,
     params: Arc<RequestParams>,
     sampler: Sampler,
@@ -49,6 +59,9 @@ struct Sample {
     stops: StopStrings,
     stop_ids: Vec<u32>,
     generated: usize,
+    /// When the scheduler first gave this sample a chunk; taken by its first event.
+    scheduled: Option<Instant>,
+    queue_reported: bool,
 }
 
 /// Counters since start, for logs and metrics.
@@ -65,7 +78,8 @@ pub struct EngineCore<R: ModelRunner> {
     scheduler: Scheduler,
     tokenizer: Arc<Tokenizer>,
     info: ModelInfo,
-    groups: HashMap<String, Group>,
+    groups: HashMap<Handle, Group>,
+    next_handle: Handle,
     samples: HashMap<SeqId, Sample>,
     next_seq: SeqId,
     pub counters: CoreCounters,
@@ -113,6 +127,7 @@ impl<R: ModelRunner> EngineCore<R> {
             tokenizer,
             info,
             groups: HashMap::new(),
+            next_handle: OWN_HANDLES,
             samples: HashMap::new(),
             next_seq: 0,
             counters: CoreCounters::default(),
@@ -141,10 +156,18 @@ impl<R: ModelRunner> EngineCore<R> {
     }
 
     /// Queue `req`; its events go to `sink`. Invalid requests are refused here, nothing queued.
-    pub fn add(&mut self, req: Request, sink: EventSink) -> Result<(), EngineError> {
+    pub fn add(&mut self, req: Request, sink: EventSink) -> Result<Handle, EngineError> {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.add_with_handle(handle, req, sink)?;
+        Ok(handle)
+    }
+
+    /// [`add`](Self::add) under a handle the caller chose (unique, below `1 << 63`).
+    pub fn add_with_handle(&mut self, handle: Handle, req: Request, sink: EventSink) -> Result<(), EngineError> {
         validate(&req, &self.info, self.scheduler.config())?;
-        if self.groups.contains_key(&req.id) {
-            return Err(EngineError::InvalidRequest(format!("request id {:?} is already in use", req.id)));
+        if self.groups.contains_key(&handle) {
+            return Err(EngineError::Internal(format!("request handle {handle} is already in use")));
         }
         let params = Arc::new(req.params);
         let mut leader = None;
@@ -171,7 +194,7 @@ impl<R: ModelRunner> EngineCore<R> {
             self.samples.insert(
                 seq,
                 Sample {
-                    group: req.id.clone(),
+                    group: handle,
                     index,
                     params: params.clone(),
                     sampler,
@@ -179,21 +202,41 @@ impl<R: ModelRunner> EngineCore<R> {
                     stops: StopStrings::new(params.stop.clone(), params.include_stop_str_in_output),
                     stop_ids,
                     generated: 0,
+                    scheduled: None,
+                    queue_reported: false,
                 },
             );
         }
         self.counters.prompt_tokens += req.prompt.len() as u64;
         let prompt_logprobs = params.prompt_logprobs.map(|k| (k, vec![None; req.prompt.len()]));
         self.groups.insert(
-            req.id,
-            Group { sink, prompt_len: req.prompt.len(), live: params.n, prompt_logprobs, prompt_logprobs_sent: false },
+            handle,
+            Group {
+                request_id: req.id,
+                added: Instant::now(),
+                sink,
+                prompt_len: req.prompt.len(),
+                live: params.n,
+                prompt_logprobs,
+                prompt_logprobs_sent: false,
+            },
         );
         Ok(())
     }
 
-    /// Stop request `id` now and free its blocks; its stream gets a final `abort` event.
+    /// Stop every request with client id `id` now and free its blocks; each stream gets a final
+    /// `abort` event.
     pub fn abort(&mut self, id: &str) {
-        let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == id).map(|(&q, _)| q).collect();
+        let handles: Vec<Handle> = self.groups.iter().filter(|(_, g)| g.request_id == id).map(|(&h, _)| h).collect();
+        for h in handles {
+            self.abort_handle(h);
+        }
+    }
+
+    /// Stop the request submitted under `handle` (a no-op once it is over).
+    pub fn abort_handle(&mut self, handle: Handle) {
+        let mut seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == handle).map(|(&q, _)| q).collect();
+        seqs.sort_unstable();
         for seq in seqs {
             self.end_sample(seq, Finished { reason: FinishReason::Abort, stop: None }, String::new());
         }
@@ -206,6 +249,12 @@ impl<R: ModelRunner> EngineCore<R> {
             return plan;
         }
         self.counters.steps += 1;
+        let now = Instant::now();
+        for c in &plan.chunks {
+            if let Some(s) = self.samples.get_mut(&c.seq) {
+                s.scheduled.get_or_insert(now);
+            }
+        }
         let result = catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan)))
             .unwrap_or_else(|_| Err(EngineError::Internal("the model runner panicked".into())));
         match result {
@@ -234,22 +283,22 @@ impl<R: ModelRunner> EngineCore<R> {
     /// A step failed: end every request it touched with an error; the others carry on.
     fn fail_step(&mut self, plan: &StepPlan, message: &str) {
         self.counters.failed_steps += 1;
-        let mut groups: Vec<String> =
-            plan.chunks.iter().filter_map(|c| self.samples.get(&c.seq).map(|s| s.group.clone())).collect();
-        groups.sort();
+        let mut groups: Vec<Handle> =
+            plan.chunks.iter().filter_map(|c| self.samples.get(&c.seq).map(|s| s.group)).collect();
+        groups.sort_unstable();
         groups.dedup();
         for g in groups {
-            self.fail_group(&g, message);
+            self.fail_group(g, message);
         }
     }
 
-    fn fail_group(&mut self, group: &str, message: &str) {
+    fn fail_group(&mut self, group: Handle, message: &str) {
         let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
         for seq in seqs {
             self.samples.remove(&seq);
             self.scheduler.finish(seq);
         }
-        if let Some(mut g) = self.groups.remove(group) {
+        if let Some(mut g) = self.groups.remove(&group) {
             (g.sink)(EngineEvent::Error(format!("request failed: {message}")));
         }
     }
@@ -302,15 +351,20 @@ impl<R: ModelRunner> EngineCore<R> {
             let piece = match s.decoder.push(&self.tokenizer, tok) {
                 Ok(p) => p,
                 Err(e) => {
-                    let group = s.group.clone();
-                    self.fail_group(&group, &e.to_string());
+                    let group = s.group;
+                    self.fail_group(group, &e.to_string());
                     return;
                 }
             };
-            let out = s.stops.push(&piece);
-            text = out.released;
-            if let Some(m) = out.matched {
-                finished = Some(Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Text(m)) });
+            if s.generated < s.params.min_tokens {
+                // As vLLM: stop strings only count once min_tokens are out; earlier text passes.
+                text = s.stops.pass_through(&piece);
+            } else {
+                let out = s.stops.push(&piece);
+                text = out.released;
+                if let Some(m) = out.matched {
+                    finished = Some(Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Text(m)) });
+                }
             }
         }
         let at_limit = s.generated >= s.params.max_tokens || total_len >= self.scheduler.config().max_model_len;
@@ -319,23 +373,33 @@ impl<R: ModelRunner> EngineCore<R> {
         }
         let output_ids = vec![tok];
         match finished {
-            Some(f) => {
-                let tail = if matches!(f.stop, Some(StopMatch::Text(_))) { String::new() } else { self.flush(seq) };
-                text.push_str(&tail);
-                self.emit(seq, text, output_ids, logprobs, Some(f.clone()));
+            Some(mut f) => {
+                if !matches!(f.stop, Some(StopMatch::Text(_))) {
+                    let (tail, matched) = self.flush(seq);
+                    text.push_str(&tail);
+                    if let Some(m) = matched {
+                        // The flushed tail completed a stop string: that is why it ended.
+                        f = Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Text(m)) };
+                    }
+                }
+                self.emit(seq, text, output_ids, logprobs, Some(f));
                 self.remove_sample(seq);
             }
             None => self.emit(seq, text, output_ids, logprobs, None),
         }
     }
 
-    /// Text still held by the detokenizer and the stop matcher, at a finish without a stop string.
-    fn flush(&mut self, seq: SeqId) -> String {
-        let Some(s) = self.samples.get_mut(&seq) else { return String::new() };
+    /// Text still held by the detokenizer and the stop matcher, at a finish without a stop string,
+    /// and the stop string that text completes, if any.
+    fn flush(&mut self, seq: SeqId) -> (String, Option<String>) {
+        let Some(s) = self.samples.get_mut(&seq) else { return (String::new(), None) };
         let rest = s.decoder.flush(&self.tokenizer).unwrap_or_default();
-        let mut out = s.stops.push(&rest).released;
-        out.push_str(&s.stops.flush());
-        out
+        let out = s.stops.push(&rest);
+        let mut text = out.released;
+        if out.matched.is_none() {
+            text.push_str(&s.stops.flush());
+        }
+        (text, out.matched)
     }
 
     fn end_sample(&mut self, seq: SeqId, f: Finished, text: String) {
@@ -363,9 +427,16 @@ impl<R: ModelRunner> EngineCore<R> {
         logprobs: Vec<TokenLogprobs>,
         finished: Option<Finished>,
     ) {
-        let Some(s) = self.samples.get(&seq) else { return };
+        let Some(s) = self.samples.get_mut(&seq) else { return };
         let cached_tokens = self.scheduler.cached_prompt_tokens(seq);
         let Some(g) = self.groups.get_mut(&s.group) else { return };
+        let queue_secs = match (s.queue_reported, s.scheduled) {
+            (false, Some(t)) => {
+                s.queue_reported = true;
+                Some(t.duration_since(g.added).as_secs_f64())
+            }
+            _ => None,
+        };
         let prompt_logprobs = if s.index == 0 && !g.prompt_logprobs_sent && g.prompt_logprobs.is_some() {
             g.prompt_logprobs_sent = true;
             g.prompt_logprobs.as_ref().map(|(_, v)| v.clone())
@@ -382,10 +453,11 @@ impl<R: ModelRunner> EngineCore<R> {
             prompt_tokens: g.prompt_len,
             cached_tokens,
             prompt_logprobs,
+            queue_secs,
         };
         if !(g.sink)(EngineEvent::Output(out)) {
             // The client is gone: stop its request and free its blocks now.
-            let group = s.group.clone();
+            let group = s.group;
             let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
             for q in seqs {
                 self.samples.remove(&q);

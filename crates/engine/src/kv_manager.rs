@@ -179,9 +179,17 @@ impl KvManager {
     /// Returns `(src, dst)` block copies the model runner must perform first (copy-on-write of a
     /// shared block), or `None` if the pool has no block for the copy.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Option<Vec<(u32, u32)>> {
-        let keep = self.blocks_for(len);
-        let partial = !len.is_multiple_of(self.block_size);
         let bs = self.block_size;
+        let keep = self.blocks_for(len);
+        let s = self.seqs.get(&seq)?;
+        let shared_last = (!len.is_multiple_of(bs) && s.blocks.len() >= keep && keep > 0)
+            .then(|| s.blocks[keep - 1])
+            .filter(|&b| self.pool.ref_count(b) > 1);
+        // All or nothing: take the copy's block before changing anything.
+        let fresh = match shared_last {
+            Some(_) => Some(self.pool.allocate()?),
+            None => None,
+        };
         let s = self.seqs.get_mut(&seq)?;
         if s.blocks.len() > keep {
             let tail = s.blocks.split_off(keep);
@@ -189,15 +197,19 @@ impl KvManager {
         }
         s.hashes.truncate(len / bs);
         let mut copies = Vec::new();
-        if partial {
-            if let Some(&last) = s.blocks.last() {
-                if self.pool.ref_count(last) > 1 {
-                    let fresh = self.pool.allocate()?;
-                    self.pool.release(&[last]);
-                    *s.blocks.last_mut()? = fresh;
-                    copies.push((last, fresh));
-                } else {
-                    self.pool.unregister(last);
+        match (shared_last, fresh) {
+            (Some(last), Some(fresh)) => {
+                self.pool.release(&[last]);
+                if let Some(slot) = s.blocks.last_mut() {
+                    *slot = fresh;
+                }
+                copies.push((last, fresh));
+            }
+            _ => {
+                if !len.is_multiple_of(bs) {
+                    if let Some(&last) = s.blocks.last() {
+                        self.pool.unregister(last);
+                    }
                 }
             }
         }
@@ -281,6 +293,19 @@ mod tests {
         assert_ne!(m.blocks(2)[1], shared);
         assert_eq!(m.blocks(2).len(), 2);
         // Sequence 1 owns its blocks alone: rolling back unregisters instead of copying.
+        // (First: with no free block for the copy, a rollback into a shared block changes nothing.)
+        let mut full = KvManager::new(3, 4, true);
+        full.start(1, PrefixHit::default(), None);
+        assert!(full.allocate(1, 8));
+        full.commit(1, &toks[..8], 8);
+        let hit = full.lookup(&toks[..9], None);
+        full.start(2, hit, None);
+        assert!(full.allocate(2, 9));
+        assert_eq!(full.pool().num_free(), 0);
+        let before = full.blocks(2).to_vec();
+        assert_eq!(full.truncate(2, 6), None);
+        assert_eq!(full.blocks(2), &before[..]);
+        full.check().unwrap();
         assert_eq!(m.truncate(1, 5).unwrap(), vec![]);
         assert!(!m.pool().is_cached(m.blocks(1)[1]));
         m.check().unwrap();

@@ -43,6 +43,8 @@ pub struct PoolPlan {
     pub sched: SchedulerConfig,
     pub bytes_per_block: usize,
     pub pool_bytes: usize,
+    /// False for bf16/f16 compute: outputs may then vary with the batch (say so at start-up).
+    pub batch_invariant: bool,
 }
 
 impl PoolPlan {
@@ -96,6 +98,7 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
         },
         bytes_per_block,
         pool_bytes: num_blocks * bytes_per_block,
+        batch_invariant: lm.model.is_batch_invariant(),
     })
 }
 

@@ -108,6 +108,8 @@ pub struct SampleOutput {
     pub cached_tokens: usize,
     /// Per prompt position (the first has none), sent once with the first output of sample 0.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// Seconds from submission to this sample's first scheduling; on its first event only.
+    pub queue_secs: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -31,7 +31,8 @@ impl SchedulerConfig {
         if prompt == 0 {
             return Err(AdmissionError::EmptyPrompt);
         }
-        let total = prompt + max_tokens;
+        // A client can send any max_tokens: saturate rather than overflow past the check.
+        let total = prompt.saturating_add(max_tokens);
         if total > self.max_model_len {
             return Err(AdmissionError::ContextLength { max_model_len: self.max_model_len, total, prompt, max_tokens });
         }

@@ -57,6 +57,17 @@ impl StopStrings {
         StopOutcome { released, matched: None }
     }
 
+    /// Release `text` (and anything held) without matching: before `min_tokens`, stop strings
+    /// do not apply.
+    pub fn pass_through(&mut self, text: &str) -> String {
+        if self.done {
+            return String::new();
+        }
+        let mut out = std::mem::take(&mut self.held);
+        out.push_str(text);
+        out
+    }
+
     /// End of generation without a match: release whatever was held back.
     pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)

@@ -220,6 +220,35 @@ fn stop_strings_end_generation_and_are_never_streamed() {
         assert_eq!(text, want, "include={include}");
         assert_eq!(fin.unwrap().stop, Some(StopMatch::Text(stop.clone())));
     }
+    // Before min_tokens, stop strings do not apply (as vLLM).
+    let mut c = core(config(256, 64, 8));
+    let (log, s) = sink();
+    c.add(req("s", p.clone(), RequestParams { stop: vec![stop.clone()], min_tokens: 40, ..greedy(40) }), s).unwrap();
+    run(&mut c);
+    let (_, text, fin) = collect(&log).remove(0);
+    assert_eq!(text, full);
+    assert_eq!(fin.unwrap().reason, FinishReason::Length);
+}
+
+#[test]
+fn requests_sharing_a_client_id_are_separate_and_abort_by_id_ends_both() {
+    let mut c = core(config(256, 4096, 8));
+    let (a, s) = sink();
+    let ha = c.add(req("dup", prompt(8, 4, 4), greedy(50)), s).unwrap();
+    let (b, s) = sink();
+    let hb = c.add(req("dup", prompt(9, 4, 4), greedy(50)), s).unwrap();
+    assert_ne!(ha, hb);
+    c.step();
+    c.abort_handle(ha);
+    assert_eq!(c.num_requests(), 1, "aborting one handle leaves the other");
+    c.abort("dup");
+    assert!(!c.has_work());
+    for log in [a, b] {
+        let last = log.lock().unwrap().last().cloned();
+        assert!(
+            matches!(last, Some(EngineEvent::Output(o)) if o.finished.as_ref().unwrap().reason == FinishReason::Abort)
+        );
+    }
 }
 
 #[test]

@@ -81,6 +81,21 @@ fn dropping_a_stream_or_aborting_frees_its_blocks_at_once() {
         st.kv_cache_usage == 0.0 && st.num_running == 0
     });
 
+    // A dropped stream aborts only its own request, even when another shares its client id.
+    let mut keep = engine.submit(req("same", 10, 30)).unwrap();
+    let gone = engine.submit(req("same", 12, 1000)).unwrap();
+    drop(gone);
+    let mut n = 0;
+    while let Some(ev) = keep.next_blocking() {
+        if let EngineEvent::Output(o) = ev {
+            n += o.token_ids.len();
+            if let Some(f) = o.finished {
+                assert_eq!(f.reason, FinishReason::Length);
+            }
+        }
+    }
+    assert_eq!(n, 30);
+
     let mut s = engine.submit(req("aborted", 20, 1000)).unwrap();
     assert!(matches!(s.next_blocking(), Some(EngineEvent::Output(_))));
     engine.abort("aborted");

@@ -122,6 +122,9 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
     let mut ec = a.engine.config();
     ec.max_num_seqs = concurrency;
     let pool = plan(lm, &ec)?;
+    if !pool.batch_invariant && concurrency == 1 {
+        eprintln!("warning: {:?} compute is not batch-invariant: outputs may vary with the batch", lm.model.dtype());
+    }
     let engine = Engine::start(build_core(lm, &pool)?);
     let n = prompts.len();
     let params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };

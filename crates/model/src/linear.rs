@@ -43,6 +43,13 @@ impl Linear {
         Ok(Linear::Quantized { w: QMatMul::from_qtensor(q)?, b: None })
     }
 
+    /// Whether each output row is computed independently of the other rows in the call, in a
+    /// fixed order (flint's f32 kernel, candle's quantized kernels), rather than by candle's dense
+    /// matmul, which picks kernels by row count.
+    pub fn is_row_independent(&self) -> bool {
+        !matches!(self, Linear::Dense { .. })
+    }
+
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {

@@ -145,6 +145,18 @@ impl Qwen2Model {
         self.dtype
     }
 
+    /// True when a sequence's logits cannot depend on the rest of its batch: every projection
+    /// runs a row-independent kernel (f32 on the CPU, or GGUF-quantized). bf16/f16 compute goes
+    /// through candle's dense matmul and is not.
+    pub fn is_batch_invariant(&self) -> bool {
+        self.lm_head.is_row_independent()
+            && self.layers.iter().all(|l| {
+                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
+                    .iter()
+                    .all(|p| p.is_row_independent())
+            })
+    }
+
     /// Run one batch. Returns f32 logits `[rows, vocab_size]` for `batch.logit_rows()`, in order
     /// (`None` when no sequence asked for any).
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {

@@ -76,13 +76,23 @@ pub fn detect_isa() -> Isa {
     Isa::Scalar
 }
 
+fn supported(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2Fma => matches!(detect_isa(), Isa::Avx2Fma | Isa::Avx512),
+        Isa::Avx512 => detect_isa() == Isa::Avx512,
+    }
+}
+
 /// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across rayon's threads; rows are tiled by four.
 pub fn matmul(x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
     matmul_with(detect_isa(), x, m, w, y)
 }
 
-/// [`matmul`] with an explicit instruction set (tests compare them bit for bit).
+/// [`matmul`] with an explicit instruction set (tests compare them bit for bit). One this CPU
+/// lacks falls back to the scalar path, which gives the same bits.
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
+    let isa = if supported(isa) { isa } else { Isa::Scalar };
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
     let num_panels = w.out.div_ceil(PANEL);
