@@ -3,9 +3,11 @@
 //! Every failure ends with one `error: …` line on stderr and a non-zero exit.
 
 mod bench;
+mod bench_serve;
 mod engine_args;
 mod inspect;
 mod plot;
+mod serve;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,6 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (no --model: the built-in demo model).
+    Serve(serve::ServeArgs),
     /// Generate text from a prompt, streaming it to stdout.
     Generate(GenerateArgs),
     /// Benchmarks.
@@ -47,6 +51,8 @@ enum Command {
 enum BenchCommand {
     /// Offline throughput: random prompts, all submitted at once, EOS ignored.
     Throughput(bench::ThroughputArgs),
+    /// Online serving benchmark against a running server; prints vLLM's result block.
+    Serve(bench_serve::ServeBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -101,9 +107,16 @@ struct SynthArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs (the server's request lines, start-up banner) go to stderr; RUST_LOG overrides "info".
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
     let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
         Command::Generate(a) => run_generate(a),
         Command::Bench(BenchCommand::Throughput(a)) => bench::throughput(a),
+        Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a),
         Command::Synth(a) => run_synth(a),
         Command::Inspect { model } => inspect::run(&model),
     };

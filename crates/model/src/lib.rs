@@ -13,6 +13,7 @@ pub mod linear;
 pub mod paged_cache;
 pub mod qwen2;
 pub mod rope;
+pub mod scripted;
 pub mod source;
 pub mod synth;
 pub mod weights;

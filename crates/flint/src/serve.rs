@@ -1,0 +1,107 @@
+//! `flint serve`: load the model (in the background, so `/health` can say 503 meanwhile), start
+//! the engine and hand it to the HTTP server.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use candle_core::{DType, Device};
+use flint_engine::{build_core, plan, Engine, LoadedModel};
+use flint_server::{ServerConfig, ServingModel};
+
+use crate::engine_args::{parse_bytes, EngineArgs};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Local directory, .gguf file, or hub id; omitted: the built-in demo model.
+    #[arg(long)]
+    model: Option<String>,
+    /// Address to bind; 127.0.0.1 keeps the server local, 0.0.0.0 exposes it.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "FLINT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The name clients pass as `model`; default: --model as given (or "flint-demo").
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Requests accepted beyond --max-num-seqs before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    max_queued_requests: usize,
+    /// Largest request body (suffixes K, M, G).
+    #[arg(long, default_value = "16M", value_parser = parse_bytes)]
+    max_request_body: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+    /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
+    dtype: String,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    if a.api_key.as_deref().is_some_and(str::is_empty) {
+        bail!("--api-key / FLINT_API_KEY is set but empty");
+    }
+    let cfg = ServerConfig {
+        host: a.host.clone(),
+        port: a.port,
+        api_key: a.api_key.clone(),
+        served_model_name: a
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| a.model.clone().unwrap_or_else(|| "flint-demo".into())),
+        max_queued_requests: a.max_queued_requests,
+        max_body_bytes: a.max_request_body,
+        shutdown_grace: Duration::from_secs(a.shutdown_grace),
+    };
+    let dtype = match a.dtype.as_str() {
+        "f32" => Some(DType::F32),
+        "bf16" => Some(DType::BF16),
+        "f16" => Some(DType::F16),
+        _ => None,
+    };
+    let (model, engine_cfg) = (a.model.clone(), a.engine.config());
+    let load = move || -> Result<ServingModel, String> {
+        let lm = LoadedModel::load(model.as_deref(), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
+        let pool = plan(&lm, &engine_cfg).map_err(|e| e.to_string())?;
+        let core = build_core(&lm, &pool).map_err(|e| e.to_string())?;
+        let c = lm.model.config();
+        tracing::info!(
+            "model {} | {:?} compute | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?} | max model len {}",
+            lm.source,
+            lm.model.dtype(),
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.rope.theta,
+            c.rope.scaling,
+            pool.sched.max_model_len
+        );
+        tracing::info!(
+            "KV pool {} blocks x {} tokens = {} tokens ({:.1} MiB) | max-num-seqs {} | max-num-batched-tokens {} | prefix caching {}",
+            pool.sched.num_blocks,
+            pool.sched.block_size,
+            pool.tokens(),
+            pool.pool_bytes as f64 / (1 << 20) as f64,
+            pool.sched.max_num_seqs,
+            pool.sched.max_num_batched_tokens,
+            if pool.sched.enable_prefix_caching { "on" } else { "off" }
+        );
+        if !pool.batch_invariant {
+            tracing::warn!(
+                "{:?} compute is not batch-invariant: a request's tokens may vary with its batch",
+                lm.model.dtype()
+            );
+        }
+        let max_model_len = pool.sched.max_model_len;
+        let LoadedModel { tokenizer, chat_template, .. } = lm;
+        Ok(ServingModel { engine: Engine::start(core), tokenizer, chat_template, max_model_len })
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(flint_server::serve(cfg, load)).map_err(|e| anyhow!(e))
+}

@@ -1,0 +1,264 @@
+//! `POST /v1/completions`: one or many prompts (text or token ids), `n` samples each, with
+//! integer `logprobs` and `echo` (the prompt's own logprobs, as evaluation harnesses use).
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use flint_engine::sampler::TokenLogprobs;
+use flint_engine::SampleOutput;
+use serde_json::{json, Value};
+
+use crate::chat::check_model;
+use crate::error::{ApiError, ApiResult};
+use crate::generation::{collect, log_request, sse, submit, Formatter, StreamCtx};
+use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Timer};
+use crate::protocol::{completion_logprobs, parse_request, CompletionRequest};
+use crate::state::{ServingModel, SharedState};
+
+pub async fn completions(State(state): State<SharedState>, body: Bytes) -> Response {
+    match run(&state, &body).await {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.failed(e.failure_reason());
+            e.into_response()
+        }
+    }
+}
+
+/// `prompt` as string, list of strings, token ids, or list of token-id lists.
+fn prompts(model: &ServingModel, prompt: Option<&Value>) -> ApiResult<Vec<Vec<u32>>> {
+    let bad = |m: &str| ApiError::invalid("prompt", m.to_string());
+    let encode = |s: &str| model.tokenizer.encode(s, false).map_err(|e| ApiError::invalid("prompt", e.to_string()));
+    let ids = |v: &[Value]| -> ApiResult<Vec<u32>> {
+        v.iter()
+            .map(|t| {
+                t.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| bad("token ids must be non-negative integers"))
+            })
+            .collect()
+    };
+    let out = match prompt {
+        None => return Err(bad("`prompt` is required")),
+        Some(Value::String(s)) => vec![encode(s)?],
+        Some(Value::Array(items)) if items.is_empty() => return Err(bad("`prompt` must not be empty")),
+        Some(Value::Array(items)) => match &items[0] {
+            Value::String(_) => items
+                .iter()
+                .map(|p| p.as_str().ok_or_else(|| bad("a list of prompts must hold only strings")).and_then(encode))
+                .collect::<ApiResult<_>>()?,
+            Value::Number(_) => vec![ids(items)?],
+            Value::Array(_) => items
+                .iter()
+                .map(|p| {
+                    p.as_array().ok_or_else(|| bad("a list of token lists must hold only lists")).and_then(|a| ids(a))
+                })
+                .collect::<ApiResult<_>>()?,
+            _ => return Err(bad("`prompt` must be a string, a list of strings, token ids or lists of token ids")),
+        },
+        Some(_) => return Err(bad("`prompt` must be a string, a list of strings, token ids or lists of token ids")),
+    };
+    if out.iter().any(Vec::is_empty) {
+        return Err(bad("a prompt encodes to no tokens"));
+    }
+    Ok(out)
+}
+
+/// The echoed prompt's logprob columns (the first token has none).
+fn echo_logprobs(
+    model: &ServingModel,
+    prompt: &[u32],
+    plps: Option<&Vec<Option<TokenLogprobs>>>,
+    lp: &mut CompletionLogprobs,
+) -> usize {
+    let mut offset = 0;
+    for (i, &t) in prompt.iter().enumerate() {
+        let entry = plps.and_then(|v| v.get(i)).and_then(Option::as_ref);
+        offset = lp.push(&model.tokenizer, t, entry, offset);
+    }
+    offset
+}
+
+async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
+    let arrival = Instant::now();
+    let model = state.model()?;
+    let req: CompletionRequest = parse_request(body)?;
+    check_model(state, req.common.model.as_deref())?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let prompts = prompts(&model, req.prompt.as_ref())?;
+    let echo = req.echo.unwrap_or(false);
+    let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
+    params.logprobs = completion_logprobs(req.logprobs)?;
+    if echo {
+        params.prompt_logprobs = params.logprobs;
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    params.max_tokens = req.common.max_tokens(longest, model.max_model_len)?;
+    let id = new_id("cmpl");
+    let n = params.n;
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let (mut jobs, mut guard) = submit(state, &model, &id, prompts.clone(), &params, "prompt")?;
+    let mut timer = Timer::new(arrival, n * prompts.len());
+    let created = now_unix();
+    let ctx = StreamCtx {
+        state: state.clone(),
+        model: model.clone(),
+        id: id.clone(),
+        created,
+        n,
+        include_usage: req.common.include_usage(),
+        prompt_tokens,
+    };
+    if req.common.stream() {
+        let fmt = CompletionStream {
+            echo,
+            logprobs: params.logprobs.is_some(),
+            prompts,
+            n,
+            choices: vec![StreamChoice::default(); n * jobs.len()],
+        };
+        return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
+    }
+    let choices = collect(state, &mut jobs, n, &mut timer).await?;
+    guard.finish();
+    let eos = &model.engine.model_info().eos_token_ids;
+    let (mut out, mut completion) = (Vec::with_capacity(choices.len()), 0);
+    for (i, c) in choices.iter().enumerate() {
+        let prompt = &prompts[i / n];
+        completion += c.token_ids.len();
+        let fin = c
+            .finished
+            .clone()
+            .unwrap_or(flint_engine::Finished { reason: flint_engine::FinishReason::Error, stop: None });
+        let mut text = String::new();
+        let mut lp = CompletionLogprobs::default();
+        let mut offset = 0;
+        if echo {
+            text = model.tokenizer.decode(prompt, false).unwrap_or_default();
+            // Prompt logprobs come with the first sample of each prompt.
+            let plps = choices[i - i % n].prompt_logprobs.as_ref();
+            offset = echo_logprobs(&model, prompt, plps, &mut lp);
+        }
+        text.push_str(&c.text);
+        for (t, l) in c.token_ids.iter().zip(&c.logprobs) {
+            offset = lp.push(&model.tokenizer, *t, Some(l), offset);
+        }
+        out.push(json!({
+            "index": i,
+            "text": text,
+            "logprobs": params.logprobs.map(|_| lp.to_json()),
+            "finish_reason": finish_reason(&fin, false),
+            "stop_reason": stop_reason(&fin, eos),
+        }));
+    }
+    let cached = choices.iter().step_by(n).map(|c| c.cached_tokens).sum();
+    let reason = out.first().and_then(|c| c["finish_reason"].as_str()).map_or("stop", |r| match r {
+        "length" => "length",
+        "abort" => "abort",
+        _ => "stop",
+    });
+    state.metrics.finished(reason, timer.elapsed());
+    log_request(&id, prompt_tokens, completion, cached, &timer, reason);
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": state.cfg.served_model_name,
+        "choices": out,
+        "usage": usage(prompt_tokens, completion, cached),
+    }))
+    .into_response())
+}
+
+#[derive(Debug, Default, Clone)]
+struct StreamChoice {
+    started: bool,
+    offset: usize,
+    completion: usize,
+    cached: usize,
+    reason: Option<&'static str>,
+}
+
+struct CompletionStream {
+    echo: bool,
+    logprobs: bool,
+    prompts: Vec<Vec<u32>>,
+    n: usize,
+    choices: Vec<StreamChoice>,
+}
+
+impl Formatter for CompletionStream {
+    fn prelude(&mut self, _ctx: &StreamCtx) -> Vec<Value> {
+        Vec::new()
+    }
+
+    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value> {
+        let idx = job * self.n + o.index;
+        let (echo, logprobs) = (self.echo, self.logprobs);
+        let Some(st) = self.choices.get_mut(idx) else { return Vec::new() };
+        let tok = &ctx.model.tokenizer;
+        let mut text = String::new();
+        let mut lp = CompletionLogprobs::default();
+        if echo && !st.started {
+            // The echoed prompt opens each choice; its logprobs arrive with sample 0's first event.
+            let prompt = &self.prompts[job];
+            text = tok.decode(prompt, false).unwrap_or_default();
+            st.offset = echo_logprobs(&ctx.model, prompt, o.prompt_logprobs.as_ref(), &mut lp);
+        }
+        st.started = true;
+        st.completion += o.token_ids.len();
+        st.cached = o.cached_tokens;
+        text.push_str(&o.text);
+        for (t, l) in o.token_ids.iter().zip(&o.logprobs) {
+            st.offset = lp.push(tok, *t, Some(l), st.offset);
+        }
+        let fin = o.finished.as_ref().map(|f| {
+            let r = finish_reason(f, false);
+            st.reason = Some(r);
+            (r, stop_reason(f, &ctx.model.engine.model_info().eos_token_ids))
+        });
+        if text.is_empty() && fin.is_none() && o.logprobs.is_empty() {
+            return Vec::new();
+        }
+        let mut choice = json!({
+            "index": idx,
+            "text": text,
+            "logprobs": if logprobs { lp.to_json() } else { Value::Null },
+            "finish_reason": null,
+        });
+        if let Some((r, stop)) = fin {
+            choice["finish_reason"] = json!(r);
+            choice["stop_reason"] = stop;
+        }
+        vec![json!({
+            "id": ctx.id,
+            "object": "text_completion",
+            "created": ctx.created,
+            "model": ctx.state.cfg.served_model_name,
+            "choices": [choice],
+        })]
+    }
+
+    fn usage_chunk(&self, ctx: &StreamCtx) -> Value {
+        let (completion, cached, _) = self.summary();
+        json!({
+            "id": ctx.id,
+            "object": "text_completion",
+            "created": ctx.created,
+            "model": ctx.state.cfg.served_model_name,
+            "choices": [],
+            "usage": usage(ctx.prompt_tokens, completion, cached),
+        })
+    }
+
+    fn summary(&self) -> (usize, usize, &'static str) {
+        let completion = self.choices.iter().map(|c| c.completion).sum();
+        let cached = self.choices.iter().step_by(self.n.max(1)).map(|c| c.cached).sum();
+        (completion, cached, self.choices.first().and_then(|c| c.reason).unwrap_or("stop"))
+    }
+}

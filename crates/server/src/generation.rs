@@ -1,0 +1,205 @@
+//! Running engine requests for an HTTP request and gathering their events: all of them for a
+//! plain JSON response, or as one merged stream for SSE. Chat and completions differ only in how
+//! they format what is gathered here.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use flint_engine::SampleOutput;
+use serde_json::Value;
+
+use flint_engine::sampler::TokenLogprobs;
+use flint_engine::{EngineEvent, EventStream, Finished, Request, RequestParams};
+use futures_util::stream::{self, Stream, StreamExt};
+
+use crate::error::{ApiError, ApiResult};
+use crate::output::Timer;
+use crate::state::{InFlight, ServingModel, SharedState};
+
+/// One prompt's engine request; its samples are choices `offset .. offset + n`.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub offset: usize,
+    pub stream: EventStream,
+}
+
+/// Submit one engine request per prompt, after the admission limit and validation.
+pub fn submit(
+    state: &SharedState,
+    model: &ServingModel,
+    request_id: &str,
+    prompts: Vec<Vec<u32>>,
+    params: &RequestParams,
+    prompt_param: &str,
+) -> ApiResult<(Vec<Job>, InFlight)> {
+    let guard = state.admit(model)?;
+    let mut jobs = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let req = Request { id: format!("{request_id}-{i}"), prompt: prompt.clone(), params: params.clone() };
+        let stream = model.engine.submit(req).map_err(|e| ApiError::from_engine(e, prompt_param))?;
+        jobs.push(Job { prompt, offset: i * params.n, stream });
+    }
+    Ok((jobs, guard))
+}
+
+/// Everything one choice produced.
+#[derive(Debug, Default, Clone)]
+pub struct Choice {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
+    pub finished: Option<Finished>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+}
+
+/// Wait for every choice of every job. Dropping the future (client gone) aborts them all.
+pub async fn collect(state: &SharedState, jobs: &mut [Job], n: usize, timer: &mut Timer) -> ApiResult<Vec<Choice>> {
+    let total = jobs.len() * n;
+    let mut choices = vec![Choice::default(); total];
+    for job in jobs.iter_mut() {
+        while let Some(ev) = job.stream.next().await {
+            match ev {
+                EngineEvent::Output(o) => {
+                    let idx = job.offset + o.index;
+                    timer.on_output(&state.metrics, idx, &o);
+                    let Some(c) = choices.get_mut(idx) else { continue };
+                    c.text.push_str(&o.text);
+                    c.token_ids.extend(&o.token_ids);
+                    c.logprobs.extend(o.logprobs);
+                    c.prompt_tokens = o.prompt_tokens;
+                    c.cached_tokens = o.cached_tokens;
+                    if o.prompt_logprobs.is_some() {
+                        c.prompt_logprobs = o.prompt_logprobs;
+                    }
+                    if o.finished.is_some() {
+                        c.finished = o.finished;
+                    }
+                }
+                EngineEvent::Error(e) => return Err(ApiError::internal(e)),
+            }
+        }
+    }
+    Ok(choices)
+}
+
+/// An engine event tagged with the job it came from.
+pub type Tagged = (usize, EngineEvent);
+
+/// The events of all jobs, merged in arrival order.
+pub fn merged(jobs: Vec<Job>) -> Pin<Box<dyn Stream<Item = Tagged> + Send>> {
+    let streams = jobs.into_iter().enumerate().map(|(i, job)| {
+        stream::unfold(job, move |mut job| async move { job.stream.next().await.map(|ev| ((i, ev), job)) }).boxed()
+    });
+    stream::select_all(streams).boxed()
+}
+
+/// Shared, read-only context of a streaming response.
+pub struct StreamCtx {
+    pub state: SharedState,
+    pub model: Arc<ServingModel>,
+    pub id: String,
+    pub created: u64,
+    pub n: usize,
+    pub include_usage: bool,
+    /// Prompt tokens over all jobs (usage, log).
+    pub prompt_tokens: usize,
+}
+
+/// How an endpoint turns engine output into SSE chunks.
+pub trait Formatter: Send + 'static {
+    /// Chunks sent before any output (chat: the role delta of every choice).
+    fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Value>;
+    /// Chunks for one engine output of job `job`.
+    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value>;
+    /// The final usage chunk (sent only with `include_usage`).
+    fn usage_chunk(&self, ctx: &StreamCtx) -> Value;
+    /// (completion tokens, cached tokens, first choice's finish reason) for the log and metrics.
+    fn summary(&self) -> (usize, usize, &'static str);
+}
+
+struct Driver {
+    ctx: StreamCtx,
+    events: Pin<Box<dyn Stream<Item = Tagged> + Send>>,
+    fmt: Box<dyn Formatter>,
+    guard: InFlight,
+    timer: Timer,
+    offsets: Vec<usize>,
+    finished: usize,
+    total: usize,
+    pending: VecDeque<String>,
+    done: bool,
+}
+
+impl Driver {
+    fn complete(&mut self) {
+        if self.ctx.include_usage {
+            self.pending.push_back(self.fmt.usage_chunk(&self.ctx).to_string());
+        }
+        self.pending.push_back("[DONE]".into());
+        self.done = true;
+        self.guard.finish();
+        let (completion, cached, reason) = self.fmt.summary();
+        self.ctx.state.metrics.finished(reason, self.timer.elapsed());
+        log_request(&self.ctx.id, self.ctx.prompt_tokens, completion, cached, &self.timer, reason);
+    }
+
+    fn fail(&mut self, message: String) {
+        // After the headers went out, an error is the stream's last event.
+        self.pending.push_back(ApiError::internal(message).body().to_string());
+        self.done = true;
+        self.guard.finish();
+        self.ctx.state.metrics.failed("internal");
+    }
+}
+
+/// The SSE response for `jobs`: prelude, chunks as outputs arrive, usage if asked, `[DONE]`.
+pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fmt: Box<dyn Formatter>) -> Response {
+    let total = jobs.len() * ctx.n;
+    let offsets = jobs.iter().map(|j| j.offset).collect();
+    let pending = fmt.prelude(&ctx).into_iter().map(|v| v.to_string()).collect();
+    let driver =
+        Driver { ctx, events: merged(jobs), fmt, guard, timer, offsets, finished: 0, total, pending, done: false };
+    let body = stream::unfold(driver, |mut d| async move {
+        loop {
+            if let Some(p) = d.pending.pop_front() {
+                return Some((Ok::<Event, Infallible>(Event::default().data(p)), d));
+            }
+            if d.done {
+                return None;
+            }
+            match d.events.next().await {
+                Some((job, EngineEvent::Output(o))) => {
+                    let idx = d.offsets.get(job).copied().unwrap_or(0) + o.index;
+                    d.timer.on_output(&d.ctx.state.metrics, idx, &o);
+                    let last = o.finished.is_some();
+                    let chunks = d.fmt.on_output(&d.ctx, job, o);
+                    d.pending.extend(chunks.into_iter().map(|v| v.to_string()));
+                    if last {
+                        d.finished += 1;
+                        if d.finished == d.total {
+                            d.complete();
+                        }
+                    }
+                }
+                Some((_, EngineEvent::Error(e))) => d.fail(e),
+                None => d.fail("the engine stopped before the request finished".into()),
+            }
+        }
+    });
+    Sse::new(body).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// The one info line per request.
+pub fn log_request(id: &str, prompt: usize, completion: usize, cached: usize, timer: &Timer, finish: &str) {
+    tracing::info!(
+        "request {id}: prompt {prompt} tokens ({cached} cached), output {completion} tokens, TTFT {}, total {:.3}s, finish {finish}",
+        timer.first_token.map_or("-".to_string(), |t| format!("{t:.3}s")),
+        timer.elapsed()
+    );
+}

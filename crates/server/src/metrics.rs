@@ -1,0 +1,213 @@
+//! Prometheus metrics under vLLM's names (so existing Grafana dashboards and routers work): engine
+//! gauges and counters read from the engine's stats, request histograms recorded by the server.
+
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use flint_engine::EngineStats;
+
+/// vLLM's bucket boundaries (seconds).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] =
+    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+];
+
+#[derive(Debug, Clone)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    fn observe(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        for (c, &b) in self.counts.iter_mut().zip(self.bounds) {
+            if v <= b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(self.bounds) {
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    /// stop, length, abort, error, tool_calls.
+    success: Vec<(&'static str, u64)>,
+    /// overloaded, validation, aborted, internal.
+    failure: Vec<(&'static str, u64)>,
+}
+
+pub struct Metrics {
+    model_name: String,
+    inner: Mutex<Inner>,
+}
+
+fn bump(v: &mut Vec<(&'static str, u64)>, key: &'static str) {
+    match v.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, c)) => *c += 1,
+        None => v.push((key, 1)),
+    }
+}
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Self {
+        let success = ["stop", "length", "abort", "error"].iter().map(|&k| (k, 0)).collect();
+        let failure = ["overloaded", "validation", "aborted", "internal"].iter().map(|&k| (k, 0)).collect();
+        Self {
+            model_name: model_name.to_string(),
+            inner: Mutex::new(Inner {
+                ttft: Histogram::new(TTFT_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                e2e: Histogram::new(LATENCY_BUCKETS),
+                queue: Histogram::new(LATENCY_BUCKETS),
+                success,
+                failure,
+            }),
+        }
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Ok(mut g) = self.inner.lock() {
+            f(&mut g);
+        }
+    }
+
+    pub fn ttft(&self, s: f64) {
+        self.with(|m| m.ttft.observe(s));
+    }
+
+    pub fn itl(&self, s: f64) {
+        self.with(|m| m.itl.observe(s));
+    }
+
+    pub fn queue_time(&self, s: f64) {
+        self.with(|m| m.queue.observe(s));
+    }
+
+    /// A request that ran to an end (one count per request, by its first choice's reason).
+    pub fn finished(&self, reason: &'static str, e2e: f64) {
+        self.with(|m| {
+            m.e2e.observe(e2e);
+            bump(&mut m.success, reason);
+        });
+    }
+
+    /// A request refused or lost: overloaded, validation, aborted (client gone), internal.
+    pub fn failed(&self, reason: &'static str) {
+        self.with(|m| bump(&mut m.failure, reason));
+    }
+
+    pub fn render(&self, st: &EngineStats) -> String {
+        let labels = format!("model_name=\"{}\"", self.model_name.replace('\\', "\\\\").replace('"', "\\\""));
+        let mut out = String::new();
+        let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}");
+        };
+        gauge("vllm:num_requests_running", "Requests in the running batch.", "gauge", st.num_running as f64);
+        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "gauge", st.num_waiting as f64);
+        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "gauge", st.kv_cache_usage);
+        gauge(
+            "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            "counter",
+            st.prefix_cache_queries as f64,
+        );
+        gauge(
+            "vllm:prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.",
+            "counter",
+            st.prefix_cache_hits as f64,
+        );
+        gauge("vllm:num_preemptions_total", "Preemptions (recompute).", "counter", st.num_preemptions as f64);
+        gauge("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", st.prompt_tokens as f64);
+        gauge("vllm:generation_tokens_total", "Tokens generated.", "counter", st.generation_tokens as f64);
+        gauge("vllm:cache_config_info", "KV-cache configuration.", "gauge", 1.0);
+        let Ok(m) = self.inner.lock().map(|g| g.clone()) else { return out };
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_total Finished requests by finish reason.\n# TYPE vllm:request_success_total counter"
+        );
+        for (reason, c) in &m.success {
+            let _ = writeln!(out, "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {c}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP flint:request_failure_total Requests refused or lost, by reason.\n# TYPE flint:request_failure_total counter"
+        );
+        for (reason, c) in &m.failure {
+            let _ = writeln!(out, "flint:request_failure_total{{{labels},reason=\"{reason}\"}} {c}");
+        }
+        m.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Time to first token.", &labels);
+        m.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Time between output tokens.", &labels);
+        m.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", &labels);
+        m.queue.render(&mut out, "vllm:request_queue_time_seconds", "Time from arrival to first scheduling.", &labels);
+        // The cache geometry as labels (vLLM's info-gauge convention) on the line written above.
+        out = out.replace(
+            &format!("vllm:cache_config_info{{{labels}}} 1"),
+            &format!(
+                "vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",cache_dtype=\"f32\"}} 1",
+                st.block_size, st.num_blocks
+            ),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_and_histograms() {
+        let m = Metrics::new("demo");
+        m.ttft(0.03);
+        m.ttft(3.0);
+        m.finished("stop", 1.2);
+        m.failed("overloaded");
+        let text = m.render(&EngineStats {
+            num_running: 2,
+            kv_cache_usage: 0.25,
+            block_size: 16,
+            num_blocks: 8,
+            ..Default::default()
+        });
+        assert!(text.contains("vllm:num_requests_running{model_name=\"demo\"} 2"), "{text}");
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"demo\"} 0.25"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.04\"} 1"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"+Inf\"} 2"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"demo\"} 2"));
+        assert!(text.contains("vllm:request_success_total{model_name=\"demo\",finished_reason=\"stop\"} 1"));
+        assert!(text.contains("flint:request_failure_total{model_name=\"demo\",reason=\"overloaded\"} 1"));
+        assert!(text.contains("block_size=\"16\""));
+    }
+}

@@ -1,0 +1,155 @@
+//! Pieces shared by the chat and completions responses: ids, usage, logprob formats, the
+//! per-request timing that feeds the metrics and the request log line.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use flint_engine::request::{FinishReason, Finished, StopMatch};
+use flint_engine::sampler::TokenLogprobs;
+use flint_engine::tokenizer::Tokenizer;
+use flint_engine::SampleOutput;
+use serde_json::{json, Map, Value};
+
+use crate::metrics::Metrics;
+
+pub fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `prefix-` followed by 24 hex digits, unique per process run.
+pub fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mix = (t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    format!("{prefix}-{mix:016x}{n:08x}")
+}
+
+pub fn finish_reason(f: &Finished, tool_calls: bool) -> &'static str {
+    match f.reason {
+        FinishReason::Stop if tool_calls => "tool_calls",
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+        FinishReason::Error => "error",
+    }
+}
+
+/// vLLM's `stop_reason`: the matched stop string or token id (`null` for EOS and length).
+pub fn stop_reason(f: &Finished, eos: &[u32]) -> Value {
+    match &f.stop {
+        Some(StopMatch::Text(s)) => json!(s),
+        Some(StopMatch::Token(t)) if !eos.contains(t) => json!(t),
+        _ => Value::Null,
+    }
+}
+
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// A token's text as logprob entries show it (a partial UTF-8 character shows as U+FFFD).
+pub fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// Chat format: `{"token", "logprob", "bytes", "top_logprobs": [...]}`.
+pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
+    let entry = |id: u32, p: f32| {
+        let t = token_text(tok, id);
+        json!({"token": t, "logprob": p, "bytes": t.as_bytes()})
+    };
+    let mut v = entry(lp.token, lp.logprob);
+    v["top_logprobs"] = Value::Array(lp.top.iter().map(|&(id, p)| entry(id, p)).collect());
+    v
+}
+
+/// Completions format, column-wise: tokens, token_logprobs, top_logprobs, text_offset.
+#[derive(Debug, Default, Clone)]
+pub struct CompletionLogprobs {
+    tokens: Vec<Value>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<Value>,
+}
+
+impl CompletionLogprobs {
+    /// Append one token; `lp` is `None` for the first prompt token (nothing predicts it).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32, lp: Option<&TokenLogprobs>, offset: usize) -> usize {
+        let text = token_text(tok, id);
+        self.tokens.push(json!(text));
+        match lp {
+            Some(lp) => {
+                self.token_logprobs.push(json!(lp.logprob));
+                let mut top = Map::new();
+                for &(t, p) in &lp.top {
+                    top.insert(token_text(tok, t), json!(p));
+                }
+                self.top_logprobs.push(Value::Object(top));
+            }
+            None => {
+                self.token_logprobs.push(Value::Null);
+                self.top_logprobs.push(Value::Null);
+            }
+        }
+        self.text_offset.push(json!(offset));
+        offset + text.len()
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        })
+    }
+}
+
+/// Timing of one request for the metrics and the log line.
+pub struct Timer {
+    pub arrival: Instant,
+    pub first_token: Option<f64>,
+    last_event: Vec<Option<Instant>>,
+    queue_recorded: bool,
+}
+
+impl Timer {
+    pub fn new(arrival: Instant, choices: usize) -> Self {
+        Self { arrival, first_token: None, last_event: vec![None; choices], queue_recorded: false }
+    }
+
+    /// Record an output event of choice `i` carrying tokens.
+    pub fn on_output(&mut self, m: &Metrics, i: usize, o: &SampleOutput) {
+        let now = Instant::now();
+        if !self.queue_recorded {
+            if let Some(q) = o.queue_secs {
+                m.queue_time(q);
+                self.queue_recorded = true;
+            }
+        }
+        if o.token_ids.is_empty() {
+            return;
+        }
+        if self.first_token.is_none() {
+            let t = now.duration_since(self.arrival).as_secs_f64();
+            self.first_token = Some(t);
+            m.ttft(t);
+        }
+        if let Some(slot) = self.last_event.get_mut(i) {
+            if let Some(prev) = *slot {
+                m.itl(now.duration_since(prev).as_secs_f64());
+            }
+            *slot = Some(now);
+        }
+    }
+
+    pub fn elapsed(&self) -> f64 {
+        self.arrival.elapsed().as_secs_f64()
+    }
+}

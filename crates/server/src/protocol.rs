@@ -1,0 +1,348 @@
+//! OpenAI request bodies (with vLLM's extensions) and their validation into engine parameters.
+//! Unknown fields are ignored, as OpenAI's own clients send fields a server may not know.
+
+use std::collections::HashMap;
+
+use flint_engine::request::{RequestParams, MAX_LOGPROBS, MAX_N};
+use flint_engine::SamplingParams;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Fields shared by chat and completions.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub stop: Option<StopField>,
+    pub seed: Option<i64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub cache_salt: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ChatRequest {
+    /// Parsed separately (see [`parse_request`]) so a bad value names its field.
+    #[serde(skip)]
+    pub common: Common,
+    pub messages: Vec<Value>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub response_format: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct CompletionRequest {
+    #[serde(skip)]
+    pub common: Common,
+    pub prompt: Option<Value>,
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+}
+
+fn path_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ApiError {
+    let path = e.path().to_string();
+    if path.is_empty() || path == "." {
+        ApiError::bad_body(format!("The request body is not valid JSON for this endpoint: {}", e.inner()))
+    } else {
+        let param = path.split(['.', '[']).next().unwrap_or(&path).to_string();
+        ApiError::invalid(&param, format!("Invalid value for `{path}`: {}", e.inner()))
+    }
+}
+
+/// Parse a JSON body, naming the offending field when a value has the wrong type.
+pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(path_error)
+}
+
+/// A request type with the shared fields.
+pub trait WithCommon: serde::de::DeserializeOwned {
+    fn common_mut(&mut self) -> &mut Common;
+}
+
+impl WithCommon for ChatRequest {
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+}
+
+impl WithCommon for CompletionRequest {
+    fn common_mut(&mut self) -> &mut Common {
+        &mut self.common
+    }
+}
+
+/// Parse a chat or completions body: its own fields and the shared ones, each from the same JSON
+/// object (serde's `flatten` would lose the name of a field with a bad value).
+pub fn parse_request<T: WithCommon>(bytes: &[u8]) -> ApiResult<T> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_body(format!("The request body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_body("The request body must be a JSON object"));
+    }
+    let mut t: T = serde_path_to_error::deserialize(&v).map_err(path_error)?;
+    *t.common_mut() = serde_path_to_error::deserialize(&v).map_err(path_error)?;
+    Ok(t)
+}
+
+fn range(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> ApiResult<f32> {
+    match v {
+        None => Ok(default as f32),
+        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x as f32),
+        Some(x) => Err(ApiError::invalid(name, format!("`{name}` must be between {lo} and {hi}, got {x}"))),
+    }
+}
+
+fn non_negative(name: &str, v: Option<i64>) -> ApiResult<Option<usize>> {
+    match v {
+        None => Ok(None),
+        Some(x) if x >= 0 => Ok(Some(x as usize)),
+        Some(x) => Err(ApiError::invalid(name, format!("`{name}` must be non-negative, got {x}"))),
+    }
+}
+
+impl Common {
+    /// Validate everything except `max_tokens` (which needs the prompt length) and logprobs
+    /// (whose shape differs between endpoints).
+    pub fn to_params(&self, vocab_size: usize) -> ApiResult<RequestParams> {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+            Some(n) => return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}"))),
+        };
+        if let Some(b) = self.best_of {
+            if b != n as i64 {
+                return Err(ApiError::invalid(
+                    "best_of",
+                    format!("`best_of` is not supported unless it equals `n` ({n}); got {b}"),
+                ));
+            }
+        }
+        let temperature = range("temperature", self.temperature, 0.0, 2.0, 1.0)?;
+        let top_p = range("top_p", self.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
+        let min_p = range("min_p", self.min_p, 0.0, 1.0, 0.0)?;
+        let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
+        let frequency_penalty = range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
+        let repetition_penalty = range("repetition_penalty", self.repetition_penalty, f64::MIN_POSITIVE, 2.0, 1.0)?;
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid("top_k", format!("`top_k` must be -1 (off) or positive, got {k}")))
+            }
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &v) in self.logit_bias.iter().flatten() {
+            let id: u32 = k.parse().map_err(|_| {
+                ApiError::invalid("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}"))
+            })?;
+            if id as usize >= vocab_size {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` token id {id} is outside the vocabulary (size {vocab_size})"),
+                ));
+            }
+            if !(-100.0..=100.0).contains(&v) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` values must be in [-100, 100], got {v}"),
+                ));
+            }
+            logit_bias.push((id, v as f32));
+        }
+        logit_bias.sort_by_key(|(id, _)| *id);
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        let stop_token_ids = self
+            .stop_token_ids
+            .iter()
+            .flatten()
+            .map(|&t| {
+                u32::try_from(t).ok().filter(|&t| (t as usize) < vocab_size).ok_or_else(|| {
+                    ApiError::invalid("stop_token_ids", format!("`stop_token_ids` entry {t} is not a token id"))
+                })
+            })
+            .collect::<ApiResult<Vec<u32>>>()?;
+        Ok(RequestParams {
+            sampling: SamplingParams {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                presence_penalty,
+                frequency_penalty,
+                repetition_penalty,
+                logit_bias,
+                seed: self.seed.map(|s| s as u64),
+            },
+            n,
+            max_tokens: 0,
+            min_tokens: non_negative("min_tokens", self.min_tokens)?.unwrap_or(0),
+            stop,
+            stop_token_ids,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            logprobs: None,
+            prompt_logprobs: None,
+            cache_salt: self.cache_salt.clone(),
+        })
+    }
+
+    /// `max_completion_tokens` (the newer name) or `max_tokens`; default: what the context has left.
+    pub fn max_tokens(&self, prompt_len: usize, max_model_len: usize) -> ApiResult<usize> {
+        let (name, v) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(v), _) => ("max_completion_tokens", Some(v)),
+            (None, v) => ("max_tokens", v),
+        };
+        match v {
+            None => Ok(max_model_len.saturating_sub(prompt_len).max(1)),
+            Some(v) if v >= 1 => Ok(v as usize),
+            Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be at least 1, got {v}"))),
+        }
+    }
+
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+}
+
+/// Completions' logprobs (an integer, at most `MAX_LOGPROBS`).
+pub fn completion_logprobs(v: Option<i64>) -> ApiResult<Option<usize>> {
+    match v {
+        None => Ok(None),
+        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+        Some(k) => {
+            Err(ApiError::invalid("logprobs", format!("`logprobs` must be between 0 and {MAX_LOGPROBS}, got {k}")))
+        }
+    }
+}
+
+/// Chat's `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs`).
+pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> ApiResult<Option<usize>> {
+    let top = match top {
+        None => None,
+        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be between 0 and {MAX_LOGPROBS}, got {k}"),
+            ))
+        }
+    };
+    match (logprobs.unwrap_or(false), top) {
+        (true, t) => Ok(Some(t.unwrap_or(0))),
+        (false, Some(t)) if t > 0 => Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs: true`")),
+        (false, _) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        let bad = |body: &str| {
+            let r: ApiResult<ChatRequest> = parse_request(body.as_bytes());
+            let req = match r {
+                Ok(req) => req,
+                Err(e) => return e,
+            };
+            req.common.to_params(100).err().unwrap_or_else(|| ApiError::internal("accepted"))
+        };
+        assert_eq!(bad(r#"{"messages":[],"temperature":"hot"}"#).param.as_deref(), Some("temperature"));
+        assert_eq!(bad(r#"{"messages":[],"temperature":3}"#).param.as_deref(), Some("temperature"));
+        assert_eq!(bad(r#"{"messages":[],"top_p":0}"#).param.as_deref(), Some("top_p"));
+        assert_eq!(bad(r#"{"messages":[],"n":0}"#).param.as_deref(), Some("n"));
+        assert_eq!(bad(r#"{"messages":[],"n":2,"best_of":3}"#).param.as_deref(), Some("best_of"));
+        assert_eq!(bad(r#"{"messages":[],"logit_bias":{"x":1}}"#).param.as_deref(), Some("logit_bias"));
+        assert_eq!(bad(r#"{"messages":[],"logit_bias":{"500":1}}"#).param.as_deref(), Some("logit_bias"));
+        assert_eq!(bad(r#"{"messages":[],"presence_penalty":-3}"#).param.as_deref(), Some("presence_penalty"));
+        assert_eq!(bad(r#"{"messages":[],"top_k":-2}"#).param.as_deref(), Some("top_k"));
+        assert_eq!(bad(r#"{"messages":"x"}"#).param.as_deref(), Some("messages"));
+        assert_eq!(bad("not json").status, axum::http::StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn unknown_fields_and_extensions_are_accepted() {
+        let r: ChatRequest = parse_request(
+            br#"{"messages":[],"user":"u","metadata":{"a":1},"store":false,"service_tier":"auto","top_k":5,
+                "min_p":0.1,"repetition_penalty":1.1,"stop":"x","best_of":1,"seed":3,"logit_bias":{"7":-100}}"#,
+        )
+        .unwrap();
+        let p = r.common.to_params(100).unwrap();
+        assert_eq!(p.sampling.top_k, 5);
+        assert_eq!(p.stop, vec!["x".to_string()]);
+        assert_eq!(p.sampling.logit_bias, vec![(7, -100.0)]);
+        assert_eq!(p.sampling.temperature, 1.0, "OpenAI's default temperature is 1");
+    }
+
+    #[test]
+    fn max_tokens_defaults_to_the_rest_of_the_context() {
+        let c = Common::default();
+        assert_eq!(c.max_tokens(10, 100).unwrap(), 90);
+        let c = Common { max_tokens: Some(0), ..Default::default() };
+        assert_eq!(c.max_tokens(10, 100).unwrap_err().param.as_deref(), Some("max_tokens"));
+        let c = Common { max_tokens: Some(5), max_completion_tokens: Some(7), ..Default::default() };
+        assert_eq!(c.max_tokens(10, 100).unwrap(), 7);
+    }
+
+    #[test]
+    fn chat_logprob_rules() {
+        assert_eq!(chat_logprobs(Some(true), Some(3)).unwrap(), Some(3));
+        assert_eq!(chat_logprobs(None, None).unwrap(), None);
+        assert!(chat_logprobs(None, Some(2)).is_err());
+        assert!(chat_logprobs(Some(true), Some(21)).is_err());
+        assert!(completion_logprobs(Some(-1)).is_err());
+    }
+}

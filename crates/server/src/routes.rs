@@ -1,0 +1,203 @@
+//! The router: API-key check, body limit, the small endpoints (health, models, version, metrics,
+//! tokenize, detokenize) and the OpenAI-shaped 404 for unknown routes.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::chat::{chat_completions, check_model, normalize_messages};
+use crate::completions::completions;
+use crate::error::{ApiError, ApiResult};
+use crate::protocol::parse_body;
+use crate::state::SharedState;
+
+pub fn router(state: SharedState) -> Router {
+    let limit = state.cfg.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/version", get(version))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Constant-time comparison: the time taken does not reveal how much of a guessed key matched.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+/// API key on every route but `/health`; a 413 body becomes OpenAI's envelope.
+async fn guard(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.cfg.api_key {
+        if req.uri().path() != "/health" {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !same_key(given.trim().as_bytes(), key.as_bytes()) {
+                state.metrics.failed("validation");
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    }
+    let resp = next.run(req).await;
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        state.metrics.failed("validation");
+        return ApiError::too_large(state.cfg.max_body_bytes).into_response();
+    }
+    resp
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::route_not_found(uri.path()).into_response()
+}
+
+async fn health(State(state): State<SharedState>) -> Response {
+    match state.model() {
+        Ok(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn models(State(state): State<SharedState>) -> Response {
+    let max_model_len = state.model().ok().map(|m| m.max_model_len);
+    let name = &state.cfg.served_model_name;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": state.started_unix,
+            "owned_by": "flint",
+            "root": name,
+            "max_model_len": max_model_len,
+        }],
+    }))
+    .into_response()
+}
+
+async fn metrics(State(state): State<SharedState>) -> Response {
+    let stats = state.model().map(|m| m.engine.stats()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&stats)).into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<Value>>,
+    add_special_tokens: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    tools: Option<Vec<Value>>,
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    return_token_strs: Option<bool>,
+}
+
+async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
+    let run = || -> ApiResult<Value> {
+        let model = state.model()?;
+        let req: TokenizeRequest = parse_body(&body)?;
+        check_model(&state, req.model.as_deref())?;
+        let (text, rendered) = match (&req.prompt, &req.messages) {
+            (Some(p), None) => (p.clone(), false),
+            (None, Some(m)) => {
+                let template = model
+                    .chat_template
+                    .as_ref()
+                    .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+                let tools = req.tools.as_ref().filter(|t| !t.is_empty()).map(|t| Value::Array(t.clone()));
+                let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+                let text = template
+                    .render(&normalize_messages(m)?, tools.as_ref(), req.add_generation_prompt.unwrap_or(true), &kwargs)
+                    .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+                (text, true)
+            }
+            _ => return Err(ApiError::invalid("prompt", "send exactly one of `prompt` or `messages`")),
+        };
+        let add_special = req.add_special_tokens.unwrap_or(!rendered);
+        let ids = model.tokenizer.encode(&text, add_special).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        let mut out = json!({"count": ids.len(), "max_model_len": model.max_model_len, "tokens": ids});
+        if rendered {
+            out["prompt"] = json!(text);
+        }
+        if req.return_token_strs.unwrap_or(false) {
+            let strs: Vec<Value> = ids.iter().map(|&i| json!(model.tokenizer.id_to_token(i))).collect();
+            out["token_strs"] = Value::Array(strs);
+        }
+        Ok(out)
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<i64>,
+}
+
+async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {
+    let run = || -> ApiResult<Value> {
+        let model = state.model()?;
+        let req: DetokenizeRequest = parse_body(&body)?;
+        check_model(&state, req.model.as_deref())?;
+        let vocab = model.engine.model_info().vocab_size;
+        let ids = req
+            .tokens
+            .iter()
+            .map(|&t| {
+                u32::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < vocab)
+                    .ok_or_else(|| ApiError::invalid("tokens", format!("{t} is not a token id of this model")))
+            })
+            .collect::<ApiResult<Vec<u32>>>()?;
+        let text = model.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(json!({"prompt": text}))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_key;
+
+    #[test]
+    fn key_comparison() {
+        assert!(same_key(b"secret", b"secret"));
+        assert!(!same_key(b"secret", b"secreT"));
+        assert!(!same_key(b"secret", b"secret1"));
+        assert!(!same_key(b"", b"x"));
+        assert!(same_key(b"", b""));
+    }
+}

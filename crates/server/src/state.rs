@@ -1,0 +1,143 @@
+//! What every handler shares: the configuration, the model once loaded, the admission counter
+//! and the metrics.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use flint_engine::chat_template::ChatTemplate;
+use flint_engine::tokenizer::Tokenizer;
+use flint_engine::Engine;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// The loaded model as the server sees it: an engine and how to talk to it. No tensors.
+pub struct ServingModel {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Required as `Authorization: Bearer <key>` on every route but `/health`.
+    pub api_key: Option<String>,
+    pub served_model_name: String,
+    /// Requests accepted beyond those the engine runs at once; more get 429.
+    pub max_queued_requests: usize,
+    pub max_body_bytes: usize,
+    /// After SIGINT/SIGTERM, how long in-flight requests may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+const LOADING: u8 = 0;
+const READY: u8 = 1;
+const FAILED: u8 = 2;
+const SHUTTING_DOWN: u8 = 3;
+
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub metrics: Metrics,
+    model: OnceLock<Arc<ServingModel>>,
+    status: AtomicU8,
+    load_error: OnceLock<String>,
+    in_flight: AtomicUsize,
+    pub started: Instant,
+    pub started_unix: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    pub fn new(cfg: ServerConfig) -> SharedState {
+        let metrics = Metrics::new(&cfg.served_model_name);
+        Arc::new(Self {
+            cfg,
+            metrics,
+            model: OnceLock::new(),
+            status: AtomicU8::new(LOADING),
+            load_error: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            started: Instant::now(),
+            started_unix: crate::output::now_unix(),
+        })
+    }
+
+    pub fn set_model(&self, m: ServingModel) {
+        let _ = self.model.set(Arc::new(m));
+        self.status.store(READY, Ordering::SeqCst);
+    }
+
+    pub fn set_failed(&self, e: String) {
+        let _ = self.load_error.set(e);
+        self.status.store(FAILED, Ordering::SeqCst);
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.status.store(SHUTTING_DOWN, Ordering::SeqCst);
+    }
+
+    /// The model, or why requests cannot be served now (503).
+    pub fn model(&self) -> Result<Arc<ServingModel>, ApiError> {
+        match self.status.load(Ordering::SeqCst) {
+            READY => {}
+            LOADING => return Err(ApiError::unavailable("The model is still loading.")),
+            SHUTTING_DOWN => return Err(ApiError::unavailable("The server is shutting down.")),
+            _ => {
+                let why = self.load_error.get().map_or("unknown error", String::as_str);
+                return Err(ApiError::unavailable(format!("The model failed to load: {why}")));
+            }
+        }
+        let m = self.model.get().cloned().ok_or_else(|| ApiError::unavailable("The model is still loading."))?;
+        if !m.engine.is_healthy() {
+            return Err(ApiError::unavailable("The engine has stopped."));
+        }
+        Ok(m)
+    }
+
+    /// The model whatever the status (to stop its engine at exit).
+    pub fn model_for_shutdown(&self) -> Result<Arc<ServingModel>, ApiError> {
+        self.model.get().cloned().ok_or_else(|| ApiError::unavailable("no model"))
+    }
+
+    /// Admit one more request, or 429 when running + queued requests are at the limit.
+    pub fn admit(self: &Arc<Self>, m: &ServingModel) -> Result<InFlight, ApiError> {
+        let limit = m.engine.scheduler_config().max_num_seqs + self.cfg.max_queued_requests;
+        let prev = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if prev >= limit {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::overloaded(prev.saturating_sub(m.engine.scheduler_config().max_num_seqs)));
+        }
+        Ok(InFlight { state: self.clone(), done: false })
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// One admitted request. Dropped without [`finish`](Self::finish) means the client went away.
+pub struct InFlight {
+    state: SharedState,
+    done: bool,
+}
+
+impl InFlight {
+    pub fn finish(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !self.done {
+            self.state.metrics.failed("aborted");
+            tracing::info!("request aborted: the client disconnected");
+        }
+    }
+}
