@@ -103,6 +103,14 @@ struct SynthArgs {
     gguf: Option<GgufType>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// With --shape scripted: the text the model answers every prompt ending in --trigger with
+    /// (greedy), then <|im_end|>. A test double for clients: tool calls, stop strings.
+    #[arg(long)]
+    script: Option<String>,
+    /// With --shape scripted: the prompt's last token that starts the script (default: a
+    /// newline, which ends every chat prompt's assistant header).
+    #[arg(long, default_value = "\n")]
+    trigger: String,
 }
 
 fn main() -> ExitCode {
@@ -193,8 +201,14 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 }
 
 fn run_synth(a: SynthArgs) -> Result<()> {
+    if a.shape == "scripted" {
+        return run_scripted(a);
+    }
+    if a.script.is_some() {
+        bail!("--script needs --shape scripted");
+    }
     if !SHAPES.contains(&a.shape.as_str()) {
-        bail!("--shape {:?} is not known; choose one of {}", a.shape, SHAPES.join(", "));
+        bail!("--shape {:?} is not known; choose one of {}, scripted", a.shape, SHAPES.join(", "));
     }
     let dtype = match a.dtype.as_str() {
         "f32" => DType::F32,
@@ -226,5 +240,28 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         gguf_tokenizer,
     })?;
     eprintln!("wrote {} ({report:?}) in {:.1}s", a.out.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn run_scripted(a: SynthArgs) -> Result<()> {
+    let script = a.script.as_deref().context("--shape scripted needs --script TEXT")?;
+    let tok = Tokenizer::builtin_qwen()?;
+    let ids = tok.encode(script, false)?;
+    if ids.is_empty() {
+        bail!("--script encodes to no tokens");
+    }
+    let trigger_text = a.trigger.replace("\\n", "\n");
+    let trigger = match tok.encode(&trigger_text, false)?.as_slice() {
+        [t] => *t,
+        other => bail!("--trigger {:?} must be exactly one token, it is {}", a.trigger, other.len()),
+    };
+    let end = tok.token_to_id("<|im_end|>").context("the tokenizer has no <|im_end|>")?;
+    if a.out.exists() && std::fs::read_dir(&a.out).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("{}: output directory is not empty", a.out.display());
+    }
+    flint_model::scripted::write_scripted(&a.out, 151_936, trigger, &ids, end)?;
+    std::fs::write(a.out.join("tokenizer.json"), Tokenizer::builtin_qwen_json()?)?;
+    std::fs::write(a.out.join("tokenizer_config.json"), flint_engine::loader::QWEN_TOKENIZER_CONFIG)?;
+    eprintln!("wrote {} (a scripted model: {} tokens after token {trigger})", a.out.display(), ids.len());
     Ok(())
 }

@@ -54,7 +54,11 @@ pub fn normalize_messages(messages: &[Value]) -> ApiResult<Vec<Value>> {
             msg.insert("role".into(), json!("system"));
         }
         match obj.get("content") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            // An assistant turn that only called tools has no content; templates expect a string.
+            None | Some(Value::Null) => {
+                msg.insert("content".into(), json!(""));
+            }
+            Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
                 let mut text = String::new();
                 for p in parts {
