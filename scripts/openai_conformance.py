@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Conformance of `flint serve` with the official `openai` Python package.
+
+Starts the real binary three times (the built-in demo model; a scripted model that answers with a
+tool call; the demo behind an API key with a one-slot queue) and drives each with the SDK the way
+applications do: chat and completions, streaming with include_usage, n=2, stop strings, logprobs,
+echo, tool calls, and the error statuses as the SDK raises them. Exits non-zero on the first
+failure. Run by .ci/run:  python scripts/openai_conformance.py --flint target/debug/flint
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import openai
+
+TOOL_SCRIPT = '<tool_call>{"name": "get_weather","arguments":{"city":"Paris"}}</tool_call>'
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}]
+CHECKS = []
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    CHECKS.append(what)
+
+
+class Server:
+    def __init__(self, flint, *args):
+        env = dict(os.environ, RUST_LOG="info", HF_HUB_OFFLINE="1")
+        env.pop("FLINT_API_KEY", None)
+        self.proc = subprocess.Popen([flint, "serve", "--port", "0", *args], stderr=subprocess.PIPE, text=True, env=env)
+        self.base = None
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                m = re.search(r"listening on (http://\S+)", line)
+                if m and self.base is None:
+                    self.base = m.group(1)
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(60):
+            self.stop()
+            raise RuntimeError("flint serve did not start")
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError("flint serve never became ready")
+
+    def client(self, **kw):
+        kw.setdefault("api_key", "unused")
+        return openai.OpenAI(base_url=self.base + "/v1", max_retries=0, **kw)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def demo_checks(srv):
+    c = srv.client()
+    models = c.models.list()
+    name = models.data[0].id
+    check(name == "demo", "models.list returns the served name")
+
+    r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant", "chat completion shape")
+    check(r.choices[0].finish_reason == "length", "finish_reason length at max_tokens")
+    check(r.usage.completion_tokens == 5 and r.usage.prompt_tokens > 0, "usage counts")
+    check(r.usage.prompt_tokens_details.cached_tokens is not None, "usage.prompt_tokens_details.cached_tokens")
+
+    r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2,
+                                  temperature=0.9, seed=7)
+    check(len(r.choices) == 2 and {ch.index for ch in r.choices} == {0, 1}, "n=2 gives two choices")
+    check(r.usage.completion_tokens == 8, "n=2 usage sums both choices")
+
+    stream = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    check(chunks[0].choices[0].delta.role == "assistant", "first streamed delta carries the role")
+    check(len({ch.id for ch in chunks}) == 1, "one id on every chunk")
+    check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6, "final usage chunk with empty choices")
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    check(finishes == ["length"], "finish_reason once, on the last content chunk")
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    check("\ufffd" not in text, "no broken multi-byte characters in the stream")
+
+    r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                  logprobs=True, top_logprobs=2)
+    lp = r.choices[0].logprobs.content
+    check(len(lp) == 3 and len(lp[0].top_logprobs) == 2 and lp[0].logprob <= 0, "chat logprobs and top_logprobs")
+
+    r = c.completions.create(model=name, prompt="Hello world", max_tokens=3, logprobs=2, echo=True, temperature=0)
+    ch = r.choices[0]
+    check(ch.text.startswith("Hello world"), "echo returns the prompt first")
+    check(ch.logprobs.token_logprobs[0] is None and ch.logprobs.token_logprobs[1] is not None,
+          "echo + logprobs gives the prompt tokens' logprobs")
+    check(len(ch.logprobs.tokens) == 2 + 3, "logprobs cover prompt and completion")
+
+    r = c.completions.create(model=name, prompt=["Once upon", "Hi"], max_tokens=2, n=2)
+    check(len(r.choices) == 4, "list of prompts x n choices")
+    s = list(c.completions.create(model=name, prompt="Once", max_tokens=3, stream=True,
+                                  stream_options={"include_usage": True}))
+    check(s[-1].usage.completion_tokens == 3, "streamed completions usage")
+
+    for kwargs, param in [({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"n": 0}, "n"),
+                          ({"extra_body": {"best_of": 4}}, "best_of")]:
+        try:
+            c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, **kwargs)
+            check(False, f"invalid {param} must fail")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and e.body.get("param") == param, f"400 BadRequestError names {param}")
+    try:
+        c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=10 ** 6)
+        check(False, "context overflow must fail")
+    except openai.BadRequestError as e:
+        check("maximum context length is" in e.message, "context overflow uses vLLM's wording")
+    try:
+        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        check(False, "unknown model must fail")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.body.get("code") == "model_not_found", "404 NotFoundError for an unknown model")
+    r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                  user="someone", metadata={"a": "b"}, store=False,
+                                  extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1,
+                                              "ignore_eos": True, "min_tokens": 1, "skip_special_tokens": True,
+                                              "cache_salt": "tenant-a", "chat_template_kwargs": {}})
+    check(r.usage.completion_tokens == 2, "accepted fields and vLLM extensions")
+
+
+def tool_checks(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    ch = r.choices[0]
+    check(ch.finish_reason == "tool_calls", "finish_reason tool_calls")
+    call = ch.message.tool_calls[0]
+    check(call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"},
+          "tool call parsed into message.tool_calls")
+    stream = list(c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS, stream=True))
+    deltas = [tc for ch in stream if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    check(len(deltas) == 1 and deltas[0].function.name == "get_weather", "streamed tool-call delta")
+    check(any(ch.choices and ch.choices[0].finish_reason == "tool_calls" for ch in stream), "streamed tool_calls finish")
+    follow = msgs + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "22C, sunny"},
+    ]
+    r = c.chat.completions.create(model="scripted", messages=follow, tools=TOOLS, max_tokens=3)
+    check(r.usage.prompt_tokens > 0, "tool-role messages are rendered back")
+
+    r = c.chat.completions.create(model="scripted", messages=msgs, stop=["weather\",\"arg"])
+    check(r.choices[0].message.content == '<tool_call>{"name": "get_' and r.choices[0].finish_reason == "stop",
+          "stop string cuts the output")
+    stream = list(c.chat.completions.create(model="scripted", messages=msgs, stop="Paris", stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    check(text.endswith('"city":"') and "Par" not in text, "a partial stop string is never streamed")
+
+
+def limit_checks(srv):
+    good = srv.client(api_key="sekret")
+    check(good.models.list().data[0].id == "demo", "a valid API key is accepted")
+    try:
+        srv.client(api_key="wrong").models.list()
+        check(False, "a wrong key must fail")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, "401 AuthenticationError for a wrong key")
+    long = good.completions.create(model="demo", prompt="Hi", max_tokens=3000, stream=True,
+                                   extra_body={"ignore_eos": True})
+    next(iter(long))
+    try:
+        good.completions.create(model="demo", prompt="Hi", max_tokens=2)
+        check(False, "a full queue must refuse")
+    except openai.RateLimitError as e:
+        check(e.status_code == 429 and e.response.headers.get("retry-after"), "429 RateLimitError with Retry-After")
+    long.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flint", default="target/debug/flint")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        scripted = os.path.join(tmp, "scripted")
+        subprocess.run([args.flint, "synth", "--shape", "scripted", "--script", TOOL_SCRIPT, "--out", scripted],
+                       check=True, capture_output=True)
+        for srv_args, checks in [
+            (["--served-model-name", "demo"], demo_checks),
+            (["--model", scripted, "--served-model-name", "scripted"], tool_checks),
+            (["--served-model-name", "demo", "--api-key", "sekret", "--max-num-seqs", "1",
+              "--max-queued-requests", "0"], limit_checks),
+        ]:
+            srv = Server(args.flint, *srv_args)
+            try:
+                checks(srv)
+            finally:
+                srv.stop()
+    print(f"openai {openai.__version__}: {len(CHECKS)} conformance checks passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"conformance FAILED ({len(CHECKS)} passed before): {e}", file=sys.stderr)
+        sys.exit(1)
