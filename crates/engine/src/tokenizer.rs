@@ -444,10 +444,49 @@ impl Tokenizer {
     pub fn source_name(&self) -> &str {
         &self.source_name
     }
+
+    /// The raw bytes a token stands for (a byte-level BPE token may hold part of a UTF-8
+    /// character, which a text decode can only show as U+FFFD). OpenAI's logprobs report these.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let s = self.id_to_token(id)?;
+        if self.is_special(id) {
+            return Some(s.into_bytes());
+        }
+        // GPT-2's byte-to-unicode table, inverted: printable bytes map to themselves, the others
+        // to U+0100 onwards in byte order. A token outside it (an added token) is plain text.
+        let mut out = Vec::with_capacity(s.len());
+        for c in s.chars() {
+            match byte_of(c) {
+                Some(b) => out.push(b),
+                None => return Some(s.into_bytes()),
+            }
+        }
+        Some(out)
+    }
+}
+
+fn byte_of(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let cp = c as u32;
+    if cp < 256 && printable(cp) {
+        return Some(cp as u8);
+    }
+    // The n-th non-printable byte (in byte order) is U+0100 + n.
+    let n = cp.checked_sub(256)?;
+    (0u32..256).filter(|&b| !printable(b)).nth(n as usize).map(|b| b as u8)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn token_bytes_recover_partial_utf8() {
+        let tok = qwen();
+        let ids = tok.encode("a 🦀", false).unwrap();
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_bytes(i).unwrap()).collect();
+        assert_eq!(bytes, "a 🦀".as_bytes());
+        assert_eq!(tok.token_bytes(151_645).unwrap(), b"<|im_end|>");
+    }
+
     use super::*;
     use std::sync::OnceLock;
 

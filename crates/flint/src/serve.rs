@@ -103,5 +103,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Ok(ServingModel { engine: Engine::start(core), tokenizer, chat_template, max_model_len })
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(flint_server::serve(cfg, load)).map_err(|e| anyhow!(e))
+    let result = rt.block_on(flint_server::serve(cfg, load));
+    // Do not wait for a model load still running (a signal during loading): exit now.
+    rt.shutdown_background();
+    result.map_err(|e| anyhow!(e))
 }

@@ -257,6 +257,18 @@ async fn endpoints_streaming_and_errors_on_the_demo_model() {
         assert!(m.contains(name), "{name} missing from /metrics");
     }
     assert!(metric(&m, "flint:request_failure_total{model_name=\"demo\",reason=\"validation\"}") >= 14.0, "{m}");
+    assert_eq!(
+        metric(&m, "flint:request_failure_total{model_name=\"demo\",reason=\"aborted\"}"),
+        0.0,
+        "refusals are not client aborts: {m}"
+    );
+    let (st, _) = get(&s, "/v1/models/demo").await;
+    assert_eq!(st, 200);
+    let (st, body) = get(&s, "/v1/models/other").await;
+    assert_eq!(st, 404, "{body}");
+    let (st, body) = get(&s, "/v1/chat/completions").await;
+    assert_eq!(st, 405);
+    assert!(body.contains("\"error\""), "{body}");
     assert!(metric(&m, "vllm:request_success_total{model_name=\"demo\",finished_reason=\"length\"}") >= 5.0);
 }
 
@@ -296,6 +308,11 @@ async fn api_key_body_limit_queue_and_disconnects() {
     assert_eq!(first.status(), 200);
     let mut first = first.bytes_stream();
     first.next().await.expect("first chunk").unwrap();
+    // The limit counts engine sequences: two more samples do not fit beside the running one.
+    let mut two = long.clone();
+    two["n"] = json!(2);
+    let r = authed("/v1/completions").json(&two).send().await.unwrap();
+    assert_eq!(r.status(), 429);
     let second = authed("/v1/completions").json(&long).send().await.unwrap();
     assert_eq!(second.status(), 200);
     let third = authed("/v1/completions").json(&long).send().await.unwrap();

@@ -151,7 +151,11 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let req: ChatRequest = parse_request(body)?;
     check_model(state, req.common.model.as_deref())?;
     let parse_tools = tool_mode(&req)?;
-    let prompt = render_prompt(&model, &req)?;
+    // Template rendering and tokenizing can take a while on big inputs: off the async workers.
+    let (m, r) = (model.clone(), req.clone());
+    let prompt = tokio::task::spawn_blocking(move || render_prompt(&m, &r))
+        .await
+        .map_err(|_| ApiError::internal("prompt rendering panicked"))??;
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
     params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     params.max_tokens = req.common.max_tokens(prompt.len(), model.max_model_len)?;
@@ -175,8 +179,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
             ChatStream { parse_tools, logprobs: params.logprobs.is_some(), choices: vec![ChoiceState::default(); n] };
         return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
     }
-    let choices = collect(state, &mut jobs, n, &mut timer).await?;
-    guard.finish();
+    let choices = collect(state, &mut jobs, n, &mut timer, &mut guard).await?;
     let eos = &model.engine.model_info().eos_token_ids;
     let mut out = Vec::with_capacity(n);
     let (mut completion, mut reason0) = (0, "stop");

@@ -90,7 +90,10 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let prompts = prompts(&model, req.prompt.as_ref())?;
+    let (m, p) = (model.clone(), req.prompt.clone());
+    let prompts = tokio::task::spawn_blocking(move || prompts(&m, p.as_ref()))
+        .await
+        .map_err(|_| ApiError::internal("prompt tokenization panicked"))??;
     let echo = req.echo.unwrap_or(false);
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
     params.logprobs = completion_logprobs(req.logprobs)?;
@@ -121,11 +124,11 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
             prompts,
             n,
             choices: vec![StreamChoice::default(); n * jobs.len()],
+            prompt_logprobs: vec![None; jobs.len()],
         };
         return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
     }
-    let choices = collect(state, &mut jobs, n, &mut timer).await?;
-    guard.finish();
+    let choices = collect(state, &mut jobs, n, &mut timer, &mut guard).await?;
     let eos = &model.engine.model_info().eos_token_ids;
     let (mut out, mut completion) = (Vec::with_capacity(choices.len()), 0);
     for (i, c) in choices.iter().enumerate() {
@@ -190,6 +193,9 @@ struct CompletionStream {
     prompts: Vec<Vec<u32>>,
     n: usize,
     choices: Vec<StreamChoice>,
+    /// Per job: its prompt's logprobs, which arrive with sample 0's first event (before the
+    /// siblings', which start from sample 0's cached prompt).
+    prompt_logprobs: Vec<Option<Vec<Option<TokenLogprobs>>>>,
 }
 
 impl Formatter for CompletionStream {
@@ -200,6 +206,10 @@ impl Formatter for CompletionStream {
     fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value> {
         let idx = job * self.n + o.index;
         let (echo, logprobs) = (self.echo, self.logprobs);
+        if let (Some(p), Some(slot)) = (&o.prompt_logprobs, self.prompt_logprobs.get_mut(job)) {
+            *slot = Some(p.clone());
+        }
+        let plps = self.prompt_logprobs.get(job).cloned().flatten();
         let Some(st) = self.choices.get_mut(idx) else { return Vec::new() };
         let tok = &ctx.model.tokenizer;
         let mut text = String::new();
@@ -208,7 +218,7 @@ impl Formatter for CompletionStream {
             // The echoed prompt opens each choice; its logprobs arrive with sample 0's first event.
             let prompt = &self.prompts[job];
             text = tok.decode(prompt, false).unwrap_or_default();
-            st.offset = echo_logprobs(&ctx.model, prompt, o.prompt_logprobs.as_ref(), &mut lp);
+            st.offset = echo_logprobs(&ctx.model, prompt, plps.as_ref(), &mut lp);
         }
         st.started = true;
         st.completion += o.token_ids.len();

@@ -36,12 +36,18 @@ pub fn submit(
     params: &RequestParams,
     prompt_param: &str,
 ) -> ApiResult<(Vec<Job>, InFlight)> {
-    let guard = state.admit(model)?;
+    let mut guard = state.admit(model, prompts.len() * params.n)?;
     let mut jobs = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
         let req = Request { id: format!("{request_id}-{i}"), prompt: prompt.clone(), params: params.clone() };
-        let stream = model.engine.submit(req).map_err(|e| ApiError::from_engine(e, prompt_param))?;
-        jobs.push(Job { prompt, offset: i * params.n, stream });
+        match model.engine.submit(req) {
+            Ok(stream) => jobs.push(Job { prompt, offset: i * params.n, stream }),
+            Err(e) => {
+                // Refused, not abandoned: jobs already queued are aborted as `jobs` drops.
+                guard.finish();
+                return Err(ApiError::from_engine(e, prompt_param));
+            }
+        }
     }
     Ok((jobs, guard))
 }
@@ -58,8 +64,21 @@ pub struct Choice {
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }
 
-/// Wait for every choice of every job. Dropping the future (client gone) aborts them all.
-pub async fn collect(state: &SharedState, jobs: &mut [Job], n: usize, timer: &mut Timer) -> ApiResult<Vec<Choice>> {
+/// Wait for every choice of every job (marking `guard` finished either way). Dropping the future
+/// (client gone) aborts them all.
+pub async fn collect(
+    state: &SharedState,
+    jobs: &mut [Job],
+    n: usize,
+    timer: &mut Timer,
+    guard: &mut InFlight,
+) -> ApiResult<Vec<Choice>> {
+    let r = collect_inner(state, jobs, n, timer).await;
+    guard.finish();
+    r
+}
+
+async fn collect_inner(state: &SharedState, jobs: &mut [Job], n: usize, timer: &mut Timer) -> ApiResult<Vec<Choice>> {
     let total = jobs.len() * n;
     let mut choices = vec![Choice::default(); total];
     for job in jobs.iter_mut() {

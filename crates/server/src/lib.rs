@@ -34,14 +34,19 @@ where
 
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     let loader_state = state.clone();
-    tokio::task::spawn_blocking(move || match load() {
-        Ok(m) => {
-            loader_state.set_model(m);
-            tracing::info!("ready: serving {} at http://{local}", loader_state.cfg.served_model_name);
-        }
-        Err(e) => {
-            loader_state.set_failed(e.clone());
-            let _ = failed_tx.send(e);
+    let loading = tokio::task::spawn_blocking(load);
+    tokio::spawn(async move {
+        // A loader that panics fails the server like one that returns an error.
+        let outcome = loading.await.unwrap_or_else(|_| Err("the model loader panicked".into()));
+        match outcome {
+            Ok(m) => {
+                loader_state.set_model(m);
+                tracing::info!("ready: serving {} at http://{local}", loader_state.cfg.served_model_name);
+            }
+            Err(e) => {
+                loader_state.set_failed(e.clone());
+                let _ = failed_tx.send(e);
+            }
         }
     });
 

@@ -62,7 +62,8 @@ pub fn token_text(tok: &Tokenizer, id: u32) -> String {
 pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
     let entry = |id: u32, p: f32| {
         let t = token_text(tok, id);
-        json!({"token": t, "logprob": p, "bytes": t.as_bytes()})
+        let bytes = tok.token_bytes(id).unwrap_or_else(|| t.as_bytes().to_vec());
+        json!({"token": t, "logprob": p, "bytes": bytes})
     };
     let mut v = entry(lp.token, lp.logprob);
     v["top_logprobs"] = Value::Array(lp.top.iter().map(|&(id, p)| entry(id, p)).collect());

@@ -2,7 +2,7 @@
 //! tokenize, detokenize) and the OpenAI-shaped 404 for unknown routes.
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,12 +23,14 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_by_id))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/version", get(version))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -71,6 +73,14 @@ async fn not_found(uri: Uri) -> Response {
     ApiError::route_not_found(uri.path()).into_response()
 }
 
+async fn method_not_allowed(uri: Uri) -> Response {
+    let mut e = ApiError::route_not_found(uri.path());
+    e.status = StatusCode::METHOD_NOT_ALLOWED;
+    e.message = format!("Method not allowed for {}.", uri.path());
+    e.code = Some("method_not_allowed");
+    e.into_response()
+}
+
 async fn health(State(state): State<SharedState>) -> Response {
     match state.model() {
         Ok(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
@@ -99,8 +109,24 @@ async fn models(State(state): State<SharedState>) -> Response {
     .into_response()
 }
 
+async fn model_by_id(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    if id != state.cfg.served_model_name {
+        return ApiError::model_not_found(&id, &state.cfg.served_model_name).into_response();
+    }
+    Json(json!({
+        "id": id,
+        "object": "model",
+        "created": state.started_unix,
+        "owned_by": "flint",
+        "root": id,
+        "max_model_len": state.model().ok().map(|m| m.max_model_len),
+    }))
+    .into_response()
+}
+
 async fn metrics(State(state): State<SharedState>) -> Response {
-    let stats = state.model().map(|m| m.engine.stats()).unwrap_or_default();
+    // Also during the shutdown grace, while requests still run.
+    let stats = state.model_for_shutdown().map(|m| m.engine.stats()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&stats)).into_response()
 }
 

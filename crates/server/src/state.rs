@@ -104,15 +104,18 @@ impl AppState {
         self.model.get().cloned().ok_or_else(|| ApiError::unavailable("no model"))
     }
 
-    /// Admit one more request, or 429 when running + queued requests are at the limit.
-    pub fn admit(self: &Arc<Self>, m: &ServingModel) -> Result<InFlight, ApiError> {
-        let limit = m.engine.scheduler_config().max_num_seqs + self.cfg.max_queued_requests;
-        let prev = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        if prev >= limit {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::overloaded(prev.saturating_sub(m.engine.scheduler_config().max_num_seqs)));
+    /// Admit a request of `seqs` engine sequences (prompts × n), or 429 when running + queued
+    /// sequences would pass `max_num_seqs + max_queued_requests`. A request larger than that
+    /// limit on its own is admitted only into an empty server, so it can still run.
+    pub fn admit(self: &Arc<Self>, m: &ServingModel, seqs: usize) -> Result<InFlight, ApiError> {
+        let running = m.engine.scheduler_config().max_num_seqs;
+        let limit = running + self.cfg.max_queued_requests;
+        let prev = self.in_flight.fetch_add(seqs, Ordering::SeqCst);
+        if prev > 0 && prev + seqs > limit {
+            self.in_flight.fetch_sub(seqs, Ordering::SeqCst);
+            return Err(ApiError::overloaded(prev.saturating_sub(running)));
         }
-        Ok(InFlight { state: self.clone(), done: false })
+        Ok(InFlight { state: self.clone(), seqs, done: false })
     }
 
     pub fn in_flight(&self) -> usize {
@@ -123,10 +126,12 @@ impl AppState {
 /// One admitted request. Dropped without [`finish`](Self::finish) means the client went away.
 pub struct InFlight {
     state: SharedState,
+    seqs: usize,
     done: bool,
 }
 
 impl InFlight {
+    /// The request ended (answered, or failed with an error response): not an abort.
     pub fn finish(&mut self) {
         self.done = true;
     }
@@ -134,7 +139,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.state.in_flight.fetch_sub(self.seqs, Ordering::SeqCst);
         if !self.done {
             self.state.metrics.failed("aborted");
             tracing::info!("request aborted: the client disconnected");
