@@ -3,6 +3,7 @@
 //! Every failure ends with one `error: …` line on stderr and a non-zero exit.
 
 mod bench;
+mod bench_latency;
 mod bench_serve;
 mod engine_args;
 mod inspect;
@@ -53,6 +54,8 @@ enum BenchCommand {
     Throughput(bench::ThroughputArgs),
     /// Online serving benchmark against a running server; prints vLLM's result block.
     Serve(bench_serve::ServeBenchArgs),
+    /// Single-stream prompt processing and generation speed (llama-bench's pp/tg).
+    Latency(bench_latency::LatencyArgs),
 }
 
 #[derive(clap::Args)]
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => run_generate(a),
         Command::Bench(BenchCommand::Throughput(a)) => bench::throughput(a),
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a),
+        Command::Bench(BenchCommand::Latency(a)) => bench_latency::run(a),
         Command::Synth(a) => run_synth(a),
         Command::Inspect { model } => inspect::run(&model),
     };

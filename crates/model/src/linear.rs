@@ -4,17 +4,23 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
 use crate::kernels::matmul_f32::{self, PackedF32};
+use crate::kernels::matmul_q8::{self, Format, PackedQ8};
 use crate::weights::Weight;
 
 pub enum Linear {
     /// f32 on the CPU, packed for [`matmul_f32`].
     Packed {
         w: Arc<PackedF32>,
+        b: Option<Tensor>,
+    },
+    /// GGUF Q8_0/Q4_0 on the CPU, repacked for [`matmul_q8`] (int8 dot products, VNNI).
+    PackedQ8 {
+        w: Arc<PackedQ8>,
         b: Option<Tensor>,
     },
     /// `w` is `[out, in]` in the compute dtype.
@@ -35,7 +41,10 @@ impl Linear {
                 Linear::Packed { w: Arc::new(pack(&w)?), b }
             }
             Weight::Dense(w) => Linear::Dense { w, b },
-            Weight::Quantized(q) => Linear::Quantized { w: QMatMul::from_qtensor(q)?, b },
+            Weight::Quantized(q) => match pack_q8(&q)? {
+                Some(p) => Linear::PackedQ8 { w: Arc::new(p), b },
+                None => Linear::Quantized { w: QMatMul::from_qtensor(q)?, b },
+            },
         })
     }
 
@@ -60,6 +69,13 @@ impl Linear {
                 matmul_f32::matmul(&xs, m, w, &mut y);
                 (Tensor::from_vec(y, (m, w.out_features()), x.device())?.to_dtype(x.dtype())?, b)
             }
+            Linear::PackedQ8 { w, b } => {
+                let (m, _) = x.dims2()?;
+                let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let mut y = vec![0f32; m * w.out_features()];
+                matmul_q8::matmul(&xs, m, w, &mut y);
+                (Tensor::from_vec(y, (m, w.out_features()), x.device())?.to_dtype(x.dtype())?, b)
+            }
             Linear::Dense { w, b } => (x.matmul(&w.t()?)?, b),
             Linear::Quantized { w, b } => {
                 // candle's quantized kernels take f32 activations.
@@ -73,6 +89,20 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Repack a CPU Q8_0 or Q4_0 `[out, in]` weight for flint's int8 kernel; `None` for other types.
+pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
+    let format = match q.dtype() {
+        GgmlDType::Q8_0 => Format::Q8_0,
+        GgmlDType::Q4_0 => Format::Q4_0,
+        _ => return Ok(None),
+    };
+    if !q.device().is_cpu() {
+        return Ok(None);
+    }
+    let (out, inp) = q.shape().dims2()?;
+    Ok(PackedQ8::from_ggml(format, &q.data()?, out, inp))
 }
 
 /// Pack a dense `[out, in]` f32 weight for the CPU kernel.

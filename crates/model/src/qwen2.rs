@@ -116,7 +116,10 @@ impl Qwen2Model {
                 Weight::Dense(t) => (Embedding::Dense(t.clone()), Linear::Dense { w: t, b: None }),
                 Weight::Quantized(q) => {
                     let q = Arc::new(q);
-                    let head = Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None };
+                    let head = match crate::linear::pack_q8(&q)? {
+                        Some(p) => Linear::PackedQ8 { w: Arc::new(p), b: None },
+                        None => Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None },
+                    };
                     (Embedding::Quantized(q), head)
                 }
             }

@@ -3,3 +3,4 @@
 
 pub mod attention;
 pub mod matmul_f32;
+pub mod matmul_q8;

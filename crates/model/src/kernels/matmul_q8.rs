@@ -1,0 +1,429 @@
+//! `y = x·Wᵀ` for Q8_0 and Q4_0 weights (blocks of 32 int8 or 4-bit values with one scale), with
+//! activations quantized to int8 per 32-block as llama.cpp does, and integer dot products on
+//! AVX-512 VNNI.
+//!
+//! The weight is repacked once at load: panels of 16 output columns, and within a panel, per
+//! 32-wide block of the input, the values laid out `[8 groups of 4 inputs][16 columns][4]` so one
+//! `vpdpbusd` multiplies four inputs of one row into all 16 columns at once. Q4_0 keeps 4 bits:
+//! byte `j` of a block holds layout entry `j` in its low nibble and entry `j + 256` in its high
+//! one, so one 64-byte load yields groups `g` and `g + 4`. Each output
+//! is then, block by block in input order, `acc = fma(isum as f32, d_w · d_x, acc)` with `isum`
+//! an exact integer — the same bits for any number of rows, any tiling and any instruction set,
+//! which keeps batches from changing a request's tokens. The scalar path is the reference.
+
+#![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
+
+use rayon::prelude::*;
+
+pub const QK: usize = 32;
+const COLS: usize = 16;
+const ROWS: usize = 4;
+
+/// The block formats this kernel reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// f16 scale, 32 × i8 (34 bytes).
+    Q8_0,
+    /// f16 scale, 16 bytes of nibbles: value `j` low, `j + 16` high, each minus 8 (18 bytes).
+    Q4_0,
+}
+
+impl Format {
+    fn ggml_block_bytes(self) -> usize {
+        match self {
+            Format::Q8_0 => 34,
+            Format::Q4_0 => 18,
+        }
+    }
+
+    /// Bytes of weight values per panel block (16 columns × 32 inputs).
+    fn values(self) -> usize {
+        match self {
+            Format::Q8_0 => COLS * QK,
+            Format::Q4_0 => COLS * QK / 2,
+        }
+    }
+
+    /// One panel block: the values, then 16 f32 scales, then 16 i32 column sums.
+    fn panel_block(self) -> usize {
+        self.values() + COLS * 4 + COLS * 4
+    }
+
+    /// Element `k` of a GGUF block, as a signed integer.
+    fn ggml_value(self, blk: &[u8], k: usize) -> i8 {
+        match self {
+            Format::Q8_0 => blk[2 + k] as i8,
+            Format::Q4_0 => {
+                let byte = blk[2 + k % 16];
+                (if k < 16 { byte & 0x0F } else { byte >> 4 }) as i8 - 8
+            }
+        }
+    }
+}
+
+/// A Q8_0 or Q4_0 `[out, in]` weight repacked for [`matmul`].
+pub struct PackedQ8 {
+    format: Format,
+    out: usize,
+    inp: usize,
+    data: Vec<u8>,
+}
+
+/// Where layout entry `e` (`(k / 4) · 64 + c · 4 + k % 4`) of a block lives: (byte, high nibble).
+fn q4_slot(e: usize) -> (usize, bool) {
+    if e < 256 {
+        (e, false)
+    } else {
+        (e - 256, true)
+    }
+}
+
+impl PackedQ8 {
+    /// Repack GGUF blocks, row-major `[out][in/32]`.
+    pub fn from_ggml(format: Format, raw: &[u8], out: usize, inp: usize) -> Option<Self> {
+        let gb = format.ggml_block_bytes();
+        if !inp.is_multiple_of(QK) || raw.len() != out * (inp / QK) * gb {
+            return None;
+        }
+        let (nb, pb) = (inp / QK, format.panel_block());
+        let panels = out.div_ceil(COLS);
+        let mut data = vec![0u8; panels * nb * pb];
+        for o in 0..out {
+            let (p, c) = (o / COLS, o % COLS);
+            for b in 0..nb {
+                let blk = &raw[(o * nb + b) * gb..(o * nb + b + 1) * gb];
+                let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let base = (p * nb + b) * pb;
+                let mut sum = 0i32;
+                for k in 0..QK {
+                    let q = format.ggml_value(blk, k);
+                    sum += q as i32;
+                    let e = (k / 4) * COLS * 4 + c * 4 + k % 4;
+                    match format {
+                        Format::Q8_0 => data[base + e] = q as u8,
+                        Format::Q4_0 => {
+                            let (byte, high) = q4_slot(e);
+                            let nib = (q + 8) as u8;
+                            data[base + byte] |= if high { nib << 4 } else { nib };
+                        }
+                    }
+                }
+                let s = base + format.values() + c * 4;
+                data[s..s + 4].copy_from_slice(&d.to_le_bytes());
+                let t = base + format.values() + COLS * 4 + c * 4;
+                data[t..t + 4].copy_from_slice(&sum.to_le_bytes());
+            }
+        }
+        Some(Self { format, out, inp, data })
+    }
+
+    /// Layout entry `e` of panel block `base`, as a signed value.
+    fn value(&self, panel: &[u8], base: usize, e: usize) -> i32 {
+        match self.format {
+            Format::Q8_0 => panel[base + e] as i8 as i32,
+            Format::Q4_0 => {
+                let (byte, high) = q4_slot(e);
+                let v = panel[base + byte];
+                (if high { v >> 4 } else { v & 0x0F }) as i32 - 8
+            }
+        }
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.inp
+    }
+}
+
+/// One row of activations quantized per 32-block: `q + 128` as u8 (for `vpdpbusd`'s unsigned
+/// operand) and the block scales.
+struct QuantRow {
+    q: Vec<u8>,
+    d: Vec<f32>,
+}
+
+fn quantize_row(x: &[f32]) -> QuantRow {
+    let nb = x.len() / QK;
+    let (mut q, mut d) = (vec![128u8; x.len()], vec![0f32; nb]);
+    for b in 0..nb {
+        let blk = &x[b * QK..(b + 1) * QK];
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        d[b] = scale;
+        if scale > 0.0 {
+            let inv = 1.0 / scale;
+            for (k, &v) in blk.iter().enumerate() {
+                q[b * QK + k] = ((v * inv).round() as i32).clamp(-127, 127).wrapping_add(128) as u8;
+            }
+        }
+    }
+    QuantRow { q, d }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Vnni,
+}
+
+pub fn detect_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+        {
+            return Isa::Vnni;
+        }
+    }
+    Isa::Scalar
+}
+
+pub fn matmul(x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
+    matmul_with(detect_isa(), x, m, w, y)
+}
+
+/// [`matmul`] on a chosen path (an unsupported one falls back to scalar: same bits).
+pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
+    let isa = if isa == Isa::Vnni && detect_isa() != Isa::Vnni { Isa::Scalar } else { isa };
+    assert_eq!(x.len(), m * w.inp, "q8 matmul input length");
+    assert_eq!(y.len(), m * w.out, "q8 matmul output length");
+    let rows: Vec<QuantRow> = x.chunks_exact(w.inp).map(quantize_row).collect();
+    let (nb, pb) = (w.inp / QK, w.format.panel_block());
+    let panels = w.out.div_ceil(COLS);
+    let per_task = panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+    let stripes: Vec<(usize, Vec<f32>)> = (0..panels)
+        .step_by(per_task)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|p0| {
+            let p1 = (p0 + per_task).min(panels);
+            let mut out = vec![0f32; m * (p1 - p0) * COLS];
+            for p in p0..p1 {
+                let panel = &w.data[p * nb * pb..(p + 1) * nb * pb];
+                for r0 in (0..m).step_by(ROWS) {
+                    let r1 = (r0 + ROWS).min(m);
+                    let mut acc = [[0f32; COLS]; ROWS];
+                    tile(isa, w, &rows[r0..r1], panel, nb, &mut acc);
+                    for (i, a) in acc.iter().enumerate().take(r1 - r0) {
+                        let dst = ((r0 + i) * (p1 - p0) + (p - p0)) * COLS;
+                        out[dst..dst + COLS].copy_from_slice(a);
+                    }
+                }
+            }
+            (p0, out)
+        })
+        .collect();
+    for (p0, out) in stripes {
+        let width = out.len() / m.max(1);
+        let col0 = p0 * COLS;
+        let n = width.min(w.out.saturating_sub(col0));
+        for i in 0..m {
+            y[i * w.out + col0..i * w.out + col0 + n].copy_from_slice(&out[i * width..i * width + n]);
+        }
+    }
+}
+
+fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+    match (isa, w.format) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul_with` only passes Vnni after detecting AVX-512F/BW/VNNI; `panel` holds
+        // `nb` blocks of this format and every row `nb · 32` values.
+        (Isa::Vnni, Format::Q8_0) => unsafe { x86::tile_vnni::<false>(rows, panel, nb, acc) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Vnni, Format::Q4_0) => unsafe { x86::tile_vnni::<true>(rows, panel, nb, acc) },
+        _ => tile_scalar(w, rows, panel, nb, acc),
+    }
+}
+
+fn read_f32(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn read_i32(b: &[u8], at: usize) -> i32 {
+    i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The reference: exact integer block sums, then one `mul_add` per block, in block order.
+fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+    let (pb, vals) = (w.format.panel_block(), w.format.values());
+    for (r, row) in rows.iter().enumerate() {
+        for b in 0..nb {
+            let base = b * pb;
+            for c in 0..COLS {
+                let mut isum = 0i32;
+                for k in 0..QK {
+                    let wv = w.value(panel, base, (k / 4) * COLS * 4 + c * 4 + k % 4);
+                    isum += row.q[b * QK + k] as i32 * wv;
+                }
+                isum -= 128 * read_i32(panel, base + vals + COLS * 4 + c * 4);
+                let scale = read_f32(panel, base + vals + c * 4) * row.d[b];
+                acc[r][c] = (isum as f32).mul_add(scale, acc[r][c]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{QuantRow, COLS, QK, ROWS};
+    use std::arch::x86_64::*;
+
+    /// `Q4`: 4-bit panel blocks (Q4_0), else int8 (Q8_0).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile_vnni<const Q4: bool>(rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+        let n = rows.len();
+        let vals = if Q4 { COLS * QK / 2 } else { COLS * QK };
+        let pb = vals + COLS * 8;
+        let mut f = [_mm512_setzero_ps(); ROWS];
+        let bias = _mm512_set1_epi32(128);
+        let (low, eight) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(8));
+        for b in 0..nb {
+            let base = panel.as_ptr().add(b * pb);
+            let dw = _mm512_loadu_ps(base.add(vals) as *const f32);
+            let sums = _mm512_mullo_epi32(_mm512_loadu_si512(base.add(vals + COLS * 4) as *const _), bias);
+            let mut isum = [_mm512_setzero_si512(); ROWS];
+            let mut dot = |g: usize, w: __m512i| {
+                for r in 0..n {
+                    let xq = (rows.get_unchecked(r).q.as_ptr().add(b * QK + g * 4) as *const i32).read_unaligned();
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(xq), w);
+                }
+            };
+            if Q4 {
+                for g in 0..4 {
+                    let v = _mm512_loadu_si512(base.add(g * COLS * 4) as *const _);
+                    let lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
+                    let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
+                    dot(g, lo);
+                    dot(g + 4, hi);
+                }
+            } else {
+                for g in 0..QK / 4 {
+                    dot(g, _mm512_loadu_si512(base.add(g * COLS * 4) as *const _));
+                }
+            }
+            for r in 0..n {
+                let exact = _mm512_sub_epi32(isum[r], sums);
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*rows.get_unchecked(r).d.get_unchecked(b)));
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, f[r]);
+            }
+        }
+        for r in 0..n {
+            _mm512_storeu_ps(acc[r].as_mut_ptr(), f[r]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q4_blocks(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for o in 0..out {
+            for b in 0..inp / QK {
+                let blk = &w[o * inp + b * QK..o * inp + (b + 1) * QK];
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 8.0;
+                raw.extend(half::f16::from_f32(d).to_le_bytes());
+                let q = |v: f32| if d > 0.0 { ((v / d).round() + 8.0).clamp(0.0, 15.0) as u8 } else { 8 };
+                for j in 0..16 {
+                    raw.push(q(blk[j]) | (q(blk[j + 16]) << 4));
+                }
+            }
+        }
+        raw
+    }
+
+    fn q8_blocks(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for o in 0..out {
+            for b in 0..inp / QK {
+                let blk = &w[o * inp + b * QK..o * inp + (b + 1) * QK];
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                raw.extend(half::f16::from_f32(d).to_le_bytes());
+                for &v in blk {
+                    raw.push(if d > 0.0 { (v / d).round().clamp(-127.0, 127.0) as i8 as u8 } else { 0 });
+                }
+            }
+        }
+        raw
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(747_796_405).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vnni_matches_the_scalar_reference_and_the_dequantized_product() {
+        for format in [Format::Q8_0, Format::Q4_0] {
+            check_format(format);
+        }
+    }
+
+    fn check_format(format: Format) {
+        let (out, inp) = (37, 96);
+        let w = data(out * inp, 1);
+        let raw = if format == Format::Q8_0 { q8_blocks(&w, out, inp) } else { q4_blocks(&w, out, inp) };
+        let gb = format.ggml_block_bytes();
+        let p = PackedQ8::from_ggml(format, &raw, out, inp).unwrap();
+        for m in 1..=9 {
+            let x = data(m * inp, 2 + m as u32);
+            let mut ys = vec![0f32; m * out];
+            matmul_with(Isa::Scalar, &x, m, &p, &mut ys);
+            let mut yv = vec![0f32; m * out];
+            matmul_with(Isa::Vnni, &x, m, &p, &mut yv);
+            assert_eq!(ys, yv, "{format:?} m={m}: the VNNI path must give the scalar path's bits");
+            // Against the f32 product of the dequantized weight: only activation rounding differs.
+            for i in 0..m {
+                for o in 0..out {
+                    let mut r = 0f64;
+                    for b in 0..inp / QK {
+                        let blk = &raw[(o * (inp / QK) + b) * gb..][..gb];
+                        let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32() as f64;
+                        for k in 0..QK {
+                            r += x[i * inp + b * QK + k] as f64 * format.ggml_value(blk, k) as f64 * d;
+                        }
+                    }
+                    assert!((ys[i * out + o] as f64 - r).abs() < 0.05, "({i},{o}): {} vs {r}", ys[i * out + o]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_batch() {
+        let (out, inp) = (50, 64);
+        let p = PackedQ8::from_ggml(Format::Q4_0, &q4_blocks(&data(out * inp, 5), out, inp), out, inp).unwrap();
+        let target = data(inp, 6);
+        let mut alone = vec![0f32; out];
+        matmul(&target, 1, &p, &mut alone);
+        for m in [2, 3, 4, 5, 8, 13] {
+            let mut x = data(m * inp, 7 + m as u32);
+            let pos = m / 2;
+            x[pos * inp..(pos + 1) * inp].copy_from_slice(&target);
+            let mut y = vec![0f32; m * out];
+            matmul(&x, m, &p, &mut y);
+            assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "m={m}");
+        }
+    }
+
+    #[test]
+    fn malformed_input_is_refused() {
+        assert!(PackedQ8::from_ggml(Format::Q8_0, &[0; 34], 1, 33).is_none());
+        assert!(PackedQ8::from_ggml(Format::Q8_0, &[0; 33], 1, 32).is_none());
+        assert!(PackedQ8::from_ggml(Format::Q4_0, &[0; 34], 1, 32).is_none());
+    }
+}
