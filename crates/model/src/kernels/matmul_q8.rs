@@ -146,6 +146,22 @@ struct QuantRow {
 }
 
 fn quantize_row(x: &[f32]) -> QuantRow {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was just detected. Same arithmetic, wider vectors, same bits.
+        return unsafe { quantize_row_avx512(x) };
+    }
+    quantize_row_body(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quantize_row_avx512(x: &[f32]) -> QuantRow {
+    quantize_row_body(x)
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
     let (mut q, mut d) = (vec![128u8; x.len()], vec![0f32; nb]);
     for b in 0..nb {
