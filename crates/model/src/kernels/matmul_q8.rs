@@ -44,7 +44,7 @@ impl Format {
         }
     }
 
-    /// One panel block: the values, then 16 f32 scales, then 16 i32 column sums.
+    /// One panel block: the values, then 16 f32 scales, then 16 i32 column sums times 128.
     fn panel_block(self) -> usize {
         self.values() + COLS * 4 + COLS * 4
     }
@@ -110,8 +110,9 @@ impl PackedQ8 {
                 }
                 let s = base + format.values() + c * 4;
                 data[s..s + 4].copy_from_slice(&d.to_le_bytes());
+                // 128·Σw: what the +128 offset of the activations adds to every block sum.
                 let t = base + format.values() + COLS * 4 + c * 4;
-                data[t..t + 4].copy_from_slice(&sum.to_le_bytes());
+                data[t..t + 4].copy_from_slice(&(128 * sum).to_le_bytes());
             }
         }
         Some(Self { format, out, inp, data })
@@ -252,9 +253,9 @@ fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc:
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_with` only passes Vnni after detecting AVX-512F/BW/VNNI; `panel` holds
         // `nb` blocks of this format and every row `nb · 32` values.
-        (Isa::Vnni, Format::Q8_0) => unsafe { x86::tile_vnni::<false>(rows, panel, nb, acc) },
+        (Isa::Vnni, Format::Q8_0) => unsafe { x86::tile_vnni_rows::<false>(rows, panel, nb, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Vnni, Format::Q4_0) => unsafe { x86::tile_vnni::<true>(rows, panel, nb, acc) },
+        (Isa::Vnni, Format::Q4_0) => unsafe { x86::tile_vnni_rows::<true>(rows, panel, nb, acc) },
         _ => tile_scalar(w, rows, panel, nb, acc),
     }
 }
@@ -279,7 +280,7 @@ fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &m
                     let wv = w.value(panel, base, (k / 4) * COLS * 4 + c * 4 + k % 4);
                     isum += row.q[b * QK + k] as i32 * wv;
                 }
-                isum -= 128 * read_i32(panel, base + vals + COLS * 4 + c * 4);
+                isum -= read_i32(panel, base + vals + COLS * 4 + c * 4);
                 let scale = read_f32(panel, base + vals + c * 4) * row.d[b];
                 acc[r][c] = (isum as f32).mul_add(scale, acc[r][c]);
             }
@@ -292,46 +293,76 @@ mod x86 {
     use super::{QuantRow, COLS, QK, ROWS};
     use std::arch::x86_64::*;
 
-    /// `Q4`: 4-bit panel blocks (Q4_0), else int8 (Q8_0).
+    /// Dispatch on the row count so the accumulators of [`tile_vnni`] are registers.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_vnni<const Q4: bool>(rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
-        let n = rows.len();
+    pub unsafe fn tile_vnni_rows<const Q4: bool>(
+        rows: &[QuantRow],
+        panel: &[u8],
+        nb: usize,
+        acc: &mut [[f32; COLS]; ROWS],
+    ) {
+        match rows.len() {
+            1 => tile_vnni::<Q4, 1>(rows, panel, nb, acc),
+            2 => tile_vnni::<Q4, 2>(rows, panel, nb, acc),
+            3 => tile_vnni::<Q4, 3>(rows, panel, nb, acc),
+            4 => tile_vnni::<Q4, 4>(rows, panel, nb, acc),
+            5 => tile_vnni::<Q4, 5>(rows, panel, nb, acc),
+            6 => tile_vnni::<Q4, 6>(rows, panel, nb, acc),
+            7 => tile_vnni::<Q4, 7>(rows, panel, nb, acc),
+            _ => tile_vnni::<Q4, 8>(rows, panel, nb, acc),
+        }
+    }
+
+    /// `Q4`: 4-bit panel blocks (Q4_0), else int8 (Q8_0). `R` rows (≤ `ROWS`, = `rows.len()`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_vnni<const Q4: bool, const R: usize>(
+        rows: &[QuantRow],
+        panel: &[u8],
+        nb: usize,
+        acc: &mut [[f32; COLS]; ROWS],
+    ) {
         let vals = if Q4 { COLS * QK / 2 } else { COLS * QK };
         let pb = vals + COLS * 8;
-        let mut f = [_mm512_setzero_ps(); ROWS];
-        let bias = _mm512_set1_epi32(128);
+        let mut xq = [std::ptr::null::<u8>(); R];
+        let mut dx = [std::ptr::null::<f32>(); R];
+        for r in 0..R {
+            xq[r] = rows.get_unchecked(r).q.as_ptr();
+            dx[r] = rows.get_unchecked(r).d.as_ptr();
+        }
+        let mut f = [_mm512_setzero_ps(); R];
         let (low, eight) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(8));
         for b in 0..nb {
             let base = panel.as_ptr().add(b * pb);
-            let dw = _mm512_loadu_ps(base.add(vals) as *const f32);
-            let sums = _mm512_mullo_epi32(_mm512_loadu_si512(base.add(vals + COLS * 4) as *const _), bias);
-            let mut isum = [_mm512_setzero_si512(); ROWS];
-            let mut dot = |g: usize, w: __m512i| {
-                for r in 0..n {
-                    let xq = (rows.get_unchecked(r).q.as_ptr().add(b * QK + g * 4) as *const i32).read_unaligned();
-                    isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(xq), w);
-                }
-            };
+            let mut isum = [_mm512_setzero_si512(); R];
+            macro_rules! dot {
+                ($g:expr, $w:expr) => {{
+                    let w = $w;
+                    for r in 0..R {
+                        let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(x), w);
+                    }
+                }};
+            }
             if Q4 {
                 for g in 0..4 {
                     let v = _mm512_loadu_si512(base.add(g * COLS * 4) as *const _);
-                    let lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
-                    let hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
-                    dot(g, lo);
-                    dot(g + 4, hi);
+                    dot!(g, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
+                    dot!(g + 4, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
                 }
             } else {
                 for g in 0..QK / 4 {
-                    dot(g, _mm512_loadu_si512(base.add(g * COLS * 4) as *const _));
+                    dot!(g, _mm512_loadu_si512(base.add(g * COLS * 4) as *const _));
                 }
             }
-            for r in 0..n {
+            let dw = _mm512_loadu_ps(base.add(vals) as *const f32);
+            let sums = _mm512_loadu_si512(base.add(vals + COLS * 4) as *const _);
+            for r in 0..R {
                 let exact = _mm512_sub_epi32(isum[r], sums);
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*rows.get_unchecked(r).d.get_unchecked(b)));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
                 f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, f[r]);
             }
         }
-        for r in 0..n {
+        for r in 0..R {
             _mm512_storeu_ps(acc[r].as_mut_ptr(), f[r]);
         }
     }
