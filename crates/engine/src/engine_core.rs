@@ -235,9 +235,7 @@ impl<R: ModelRunner> EngineCore<R> {
 
     /// Stop the request submitted under `handle` (a no-op once it is over).
     pub fn abort_handle(&mut self, handle: Handle) {
-        let mut seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == handle).map(|(&q, _)| q).collect();
-        seqs.sort_unstable();
-        for seq in seqs {
+        for seq in self.group_seqs(handle) {
             self.end_sample(seq, Finished { reason: FinishReason::Abort, stop: None }, String::new());
         }
     }
@@ -293,14 +291,25 @@ impl<R: ModelRunner> EngineCore<R> {
     }
 
     fn fail_group(&mut self, group: Handle, message: &str) {
-        let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
-        for seq in seqs {
+        if let Some(mut g) = self.drop_group(group) {
+            (g.sink)(EngineEvent::Error(format!("request failed: {message}")));
+        }
+    }
+
+    /// The samples of request `group`, in sample order.
+    fn group_seqs(&self, group: Handle) -> Vec<SeqId> {
+        let mut seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
+    /// Remove request `group` and all its samples, freeing their blocks; no event is sent.
+    fn drop_group(&mut self, group: Handle) -> Option<Group> {
+        for seq in self.group_seqs(group) {
             self.samples.remove(&seq);
             self.scheduler.finish(seq);
         }
-        if let Some(mut g) = self.groups.remove(&group) {
-            (g.sink)(EngineEvent::Error(format!("request failed: {message}")));
-        }
+        self.groups.remove(&group)
     }
 
     fn process(&mut self, plan: &StepPlan, logits: &StepLogits) {
@@ -458,12 +467,7 @@ impl<R: ModelRunner> EngineCore<R> {
         if !(g.sink)(EngineEvent::Output(out)) {
             // The client is gone: stop its request and free its blocks now.
             let group = s.group;
-            let seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();
-            for q in seqs {
-                self.samples.remove(&q);
-                self.scheduler.finish(q);
-            }
-            self.groups.remove(&group);
+            self.drop_group(group);
         }
     }
 }

@@ -55,10 +55,7 @@ pub fn generate(
     let mut params = req.params.clone();
     params.n = 1;
     params.max_tokens = params.max_tokens.min(model_len - prompt_len);
-    let block_size = EngineConfig::default().block_size;
-    let blocks = (prompt_len + params.max_tokens).div_ceil(block_size);
-    let bytes = blocks * flint_model::PagedKvCache::bytes_per_block(lm.model.config(), block_size);
-    let ec = EngineConfig { kv_cache_memory: Some(bytes), max_num_seqs: 1, ..Default::default() };
+    let ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens);
     let mut core = build_core(lm, &plan(lm, &ec)?)?;
 
     let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();

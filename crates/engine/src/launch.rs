@@ -37,6 +37,16 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// One sequence of up to `tokens` tokens and a pool of exactly that size (`flint generate`,
+    /// single-stream benchmarks).
+    pub fn single_request(lm: &LoadedModel, tokens: usize) -> Self {
+        let block_size = Self::default().block_size;
+        let bytes = tokens.div_ceil(block_size) * PagedKvCache::bytes_per_block(lm.model.config(), block_size);
+        Self { kv_cache_memory: Some(bytes), max_num_seqs: 1, ..Self::default() }
+    }
+}
+
 /// What [`plan`] decided, for the start-up banner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolPlan {

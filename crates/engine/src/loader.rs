@@ -66,6 +66,12 @@ impl LoadedModel {
         Ok(Self { model: Arc::new(model), tokenizer: Arc::new(tokenizer), chat_template, eos_token_ids, source: spec })
     }
 
+    /// The ordinary (non-special) token ids `0..n` that random benchmark prompts draw from:
+    /// special ids would change how a prompt behaves.
+    pub fn ordinary_vocab(&self) -> u32 {
+        (0..self.valid_vocab() as u32).take_while(|&t| !self.tokenizer.is_special(t)).count().max(1) as u32
+    }
+
     /// Ids the sampler may choose: the tokenizer's, never the embedding's padding rows.
     pub fn valid_vocab(&self) -> usize {
         self.tokenizer.len().min(self.model.config().vocab_size)

@@ -61,8 +61,7 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
         bail!("--num-prompts, --input-len, --output-len and --waves must be at least 1");
     }
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
-    // Ordinary tokens only: special ids would change how a real prompt behaves.
-    let vocab = (0..lm.valid_vocab() as u32).take_while(|&t| !lm.tokenizer.is_special(t)).count().max(1) as u32;
+    let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut prompt = || (0..a.input_len).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();
     eprintln!("model {} ({:?}), input {} / output {} tokens", lm.source, lm.model.dtype(), a.input_len, a.output_len);

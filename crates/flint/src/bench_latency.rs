@@ -34,15 +34,7 @@ pub struct LatencyArgs {
 /// Run one request alone through a fresh engine core; returns (seconds to first token, seconds
 /// for the rest, tokens generated).
 fn run_once(lm: &LoadedModel, prompt: Vec<u32>, gen: usize, budget: usize) -> Result<(f64, f64, usize)> {
-    let block = EngineConfig::default().block_size;
-    let bytes =
-        (prompt.len() + gen).div_ceil(block) * flint_model::PagedKvCache::bytes_per_block(lm.model.config(), block);
-    let ec = EngineConfig {
-        kv_cache_memory: Some(bytes),
-        max_num_seqs: 1,
-        max_num_batched_tokens: budget,
-        ..Default::default()
-    };
+    let ec = EngineConfig { max_num_batched_tokens: budget, ..EngineConfig::single_request(lm, prompt.len() + gen) };
     let mut core = build_core(lm, &plan(lm, &ec)?)?;
     let tokens = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t = tokens.clone();
@@ -79,7 +71,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         bail!("--prompt-len, --gen-len and --reps must be at least 1");
     }
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
-    let vocab = (0..lm.valid_vocab() as u32).take_while(|&t| !lm.tokenizer.is_special(t)).count().max(1) as u32;
+    let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut prompt = |n: usize| (0..n).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();
     // Warm-up (page in the weights, spin up the threads), as llama-bench does.

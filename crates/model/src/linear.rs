@@ -62,20 +62,8 @@ impl Linear {
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
-            Linear::Packed { w, b } => {
-                let (m, _) = x.dims2()?;
-                let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let mut y = vec![0f32; m * w.out_features()];
-                matmul_f32::matmul(&xs, m, w, &mut y);
-                (Tensor::from_vec(y, (m, w.out_features()), x.device())?.to_dtype(x.dtype())?, b)
-            }
-            Linear::PackedQ8 { w, b } => {
-                let (m, _) = x.dims2()?;
-                let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let mut y = vec![0f32; m * w.out_features()];
-                matmul_q8::matmul(&xs, m, w, &mut y);
-                (Tensor::from_vec(y, (m, w.out_features()), x.device())?.to_dtype(x.dtype())?, b)
-            }
+            Linear::Packed { w, b } => (on_cpu(x, w.out_features(), |xs, m, y| matmul_f32::matmul(xs, m, w, y))?, b),
+            Linear::PackedQ8 { w, b } => (on_cpu(x, w.out_features(), |xs, m, y| matmul_q8::matmul(xs, m, w, y))?, b),
             Linear::Dense { w, b } => (x.matmul(&w.t()?)?, b),
             Linear::Quantized { w, b } => {
                 // candle's quantized kernels take f32 activations.
@@ -89,6 +77,15 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Run one of flint's CPU kernels (`kernel(x, rows, y)`, f32 slices) on `x` `[n, in]`.
+fn on_cpu(x: &Tensor, out: usize, kernel: impl Fn(&[f32], usize, &mut [f32])) -> Result<Tensor> {
+    let (m, _) = x.dims2()?;
+    let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut y = vec![0f32; m * out];
+    kernel(&xs, m, &mut y);
+    Ok(Tensor::from_vec(y, (m, out), x.device())?.to_dtype(x.dtype())?)
 }
 
 /// Repack a CPU Q8_0 or Q4_0 `[out, in]` weight for flint's int8 kernel; `None` for other types.

@@ -11,20 +11,14 @@ use flint_engine::SampleOutput;
 use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, log_request, sse, submit, Formatter, StreamCtx};
+use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, Timer};
 use crate::protocol::{chat_logprobs, parse_request, ChatRequest};
 use crate::state::{ServingModel, SharedState};
 use crate::tools::{extract, ToolStream};
 
 pub async fn chat_completions(State(state): State<SharedState>, body: Bytes) -> Response {
-    match run(&state, &body).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.failed(e.failure_reason());
-            e.into_response()
-        }
-    }
+    respond(&state, run(&state, &body).await)
 }
 
 /// Check a request's `model` against the served name.
@@ -173,6 +167,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         n,
         include_usage: req.common.include_usage(),
         prompt_tokens: prompt_len,
+        object: "chat.completion.chunk",
     };
     if req.common.stream() {
         let fmt =
@@ -238,13 +233,7 @@ struct ChatStream {
 }
 
 fn chunk(ctx: &StreamCtx, choice: Value) -> Value {
-    json!({
-        "id": ctx.id,
-        "object": "chat.completion.chunk",
-        "created": ctx.created,
-        "model": ctx.state.cfg.served_model_name,
-        "choices": [choice],
-    })
+    ctx.chunk(vec![choice])
 }
 
 impl Formatter for ChatStream {
@@ -299,19 +288,6 @@ impl Formatter for ChatStream {
             out.push(chunk(ctx, choice));
         }
         out
-    }
-
-    fn usage_chunk(&self, ctx: &StreamCtx) -> Value {
-        let completion = self.choices.iter().map(|c| c.completion).sum();
-        let cached = self.choices.first().map_or(0, |c| c.cached);
-        json!({
-            "id": ctx.id,
-            "object": "chat.completion.chunk",
-            "created": ctx.created,
-            "model": ctx.state.cfg.served_model_name,
-            "choices": [],
-            "usage": usage(ctx.prompt_tokens, completion, cached),
-        })
     }
 
     fn summary(&self) -> (usize, usize, &'static str) {

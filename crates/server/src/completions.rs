@@ -13,19 +13,13 @@ use serde_json::{json, Value};
 
 use crate::chat::check_model;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, log_request, sse, submit, Formatter, StreamCtx};
+use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Timer};
 use crate::protocol::{completion_logprobs, parse_request, CompletionRequest};
 use crate::state::{ServingModel, SharedState};
 
 pub async fn completions(State(state): State<SharedState>, body: Bytes) -> Response {
-    match run(&state, &body).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.failed(e.failure_reason());
-            e.into_response()
-        }
-    }
+    respond(&state, run(&state, &body).await)
 }
 
 /// `prompt` as string, list of strings, token ids, or list of token-id lists.
@@ -116,6 +110,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         n,
         include_usage: req.common.include_usage(),
         prompt_tokens,
+        object: "text_completion",
     };
     if req.common.stream() {
         let fmt = CompletionStream {
@@ -245,25 +240,7 @@ impl Formatter for CompletionStream {
             choice["finish_reason"] = json!(r);
             choice["stop_reason"] = stop;
         }
-        vec![json!({
-            "id": ctx.id,
-            "object": "text_completion",
-            "created": ctx.created,
-            "model": ctx.state.cfg.served_model_name,
-            "choices": [choice],
-        })]
-    }
-
-    fn usage_chunk(&self, ctx: &StreamCtx) -> Value {
-        let (completion, cached, _) = self.summary();
-        json!({
-            "id": ctx.id,
-            "object": "text_completion",
-            "created": ctx.created,
-            "model": ctx.state.cfg.served_model_name,
-            "choices": [],
-            "usage": usage(ctx.prompt_tokens, completion, cached),
-        })
+        vec![ctx.chunk(vec![choice])]
     }
 
     fn summary(&self) -> (usize, usize, &'static str) {

@@ -17,7 +17,7 @@ use flint_engine::{EngineEvent, EventStream, Finished, Request, RequestParams};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use crate::error::{ApiError, ApiResult};
-use crate::output::Timer;
+use crate::output::{usage, Timer};
 use crate::state::{InFlight, ServingModel, SharedState};
 
 /// One prompt's engine request; its samples are choices `offset .. offset + n`.
@@ -128,6 +128,21 @@ pub struct StreamCtx {
     pub include_usage: bool,
     /// Prompt tokens over all jobs (usage, log).
     pub prompt_tokens: usize,
+    /// `chat.completion.chunk` or `text_completion`.
+    pub object: &'static str,
+}
+
+impl StreamCtx {
+    /// One SSE chunk: the envelope every chunk of this response shares, around `choices`.
+    pub fn chunk(&self, choices: Vec<Value>) -> Value {
+        serde_json::json!({
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.state.cfg.served_model_name,
+            "choices": choices,
+        })
+    }
 }
 
 /// How an endpoint turns engine output into SSE chunks.
@@ -136,10 +151,19 @@ pub trait Formatter: Send + 'static {
     fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Value>;
     /// Chunks for one engine output of job `job`.
     fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value>;
-    /// The final usage chunk (sent only with `include_usage`).
-    fn usage_chunk(&self, ctx: &StreamCtx) -> Value;
-    /// (completion tokens, cached tokens, first choice's finish reason) for the log and metrics.
+    /// (completion tokens, cached tokens, first choice's finish reason) for usage, log, metrics.
     fn summary(&self) -> (usize, usize, &'static str);
+}
+
+/// Result of an endpoint's handler, as the response: errors counted once by their reason.
+pub fn respond(state: &SharedState, result: ApiResult<Response>) -> Response {
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.failed(e.failure_reason());
+            e.into_response()
+        }
+    }
 }
 
 struct Driver {
@@ -157,13 +181,15 @@ struct Driver {
 
 impl Driver {
     fn complete(&mut self) {
+        let (completion, cached, reason) = self.fmt.summary();
         if self.ctx.include_usage {
-            self.pending.push_back(self.fmt.usage_chunk(&self.ctx).to_string());
+            let mut last = self.ctx.chunk(Vec::new());
+            last["usage"] = usage(self.ctx.prompt_tokens, completion, cached);
+            self.pending.push_back(last.to_string());
         }
         self.pending.push_back("[DONE]".into());
         self.done = true;
         self.guard.finish();
-        let (completion, cached, reason) = self.fmt.summary();
         self.ctx.state.metrics.finished(reason, self.timer.elapsed());
         log_request(&self.ctx.id, self.ctx.prompt_tokens, completion, cached, &self.timer, reason);
     }

@@ -8,7 +8,7 @@
 //! exactly the same way. The weight is packed once at load into panels of 16 output columns,
 //! `[out/16][in][16]`, so the inner loop streams it contiguously.
 
-use rayon::prelude::*;
+use super::by_panel_stripes;
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
 pub const PANEL: usize = 16;
@@ -84,7 +84,7 @@ fn supported(isa: Isa) -> bool {
     }
 }
 
-/// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across rayon's threads; rows are tiled by four.
+/// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across rayon's threads; rows are tiled by eight.
 pub fn matmul(x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
     matmul_with(detect_isa(), x, m, w, y)
 }
@@ -95,51 +95,31 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
     let isa = if supported(isa) { isa } else { Isa::Scalar };
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
-    let num_panels = w.out.div_ceil(PANEL);
-    // Each task owns a range of panels and writes its own column stripe into a private buffer.
-    let per_task = num_panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1).next_multiple_of(2);
-    let stripes: Vec<(usize, Vec<f32>)> = (0..num_panels)
-        .step_by(per_task)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|p0| {
-            let p1 = (p0 + per_task).min(num_panels);
-            let mut out = vec![0f32; m * (p1 - p0) * PANEL];
-            let panel = |p: usize| &w.panels[p * w.inp * PANEL..(p + 1) * w.inp * PANEL];
-            // Two panels at a time: eight independent accumulators hide the FMA latency.
-            for p in (p0..p1).step_by(2) {
-                let pair = p + 1 < p1;
-                let mut r = 0;
-                while r < m {
-                    let rows = (m - r).min(ROWS);
-                    let xs = &x[r * w.inp..(r + rows) * w.inp];
-                    let mut acc = [[[0f32; PANEL]; ROWS]; 2];
-                    let [a0, a1] = &mut acc;
-                    if pair {
-                        tile_pair(isa, xs, rows, w.inp, panel(p), panel(p + 1), a0, a1);
-                    } else {
-                        tile(isa, xs, rows, w.inp, panel(p), a0);
-                    }
-                    for (j, a) in acc.iter().enumerate().take(1 + usize::from(pair)) {
-                        for (i, row) in a.iter().enumerate().take(rows) {
-                            let dst = ((r + i) * (p1 - p0) + (p + j - p0)) * PANEL;
-                            out[dst..dst + PANEL].copy_from_slice(row);
-                        }
-                    }
-                    r += rows;
+    let panel = |p: usize| &w.panels[p * w.inp * PANEL..(p + 1) * w.inp * PANEL];
+    by_panel_stripes(m, w.out, PANEL, 2, y, |p0, p1, stripe| {
+        // Two panels at a time: eight independent accumulators hide the FMA latency.
+        for p in (p0..p1).step_by(2) {
+            let pair = p + 1 < p1;
+            let mut r = 0;
+            while r < m {
+                let rows = (m - r).min(ROWS);
+                let xs = &x[r * w.inp..(r + rows) * w.inp];
+                let mut acc = [[[0f32; PANEL]; ROWS]; 2];
+                let [a0, a1] = &mut acc;
+                if pair {
+                    tile_pair(isa, xs, rows, w.inp, panel(p), panel(p + 1), a0, a1);
+                } else {
+                    tile(isa, xs, rows, w.inp, panel(p), a0);
                 }
+                for (j, a) in acc.iter().enumerate().take(1 + usize::from(pair)) {
+                    for (i, row) in a.iter().enumerate().take(rows) {
+                        stripe.put(r + i, p + j - p0, row);
+                    }
+                }
+                r += rows;
             }
-            (p0, out)
-        })
-        .collect();
-    for (p0, out) in stripes {
-        let width = out.len() / m.max(1);
-        for i in 0..m {
-            let col0 = p0 * PANEL;
-            let n = width.min(w.out.saturating_sub(col0));
-            y[i * w.out + col0..i * w.out + col0 + n].copy_from_slice(&out[i * width..i * width + n]);
         }
-    }
+    });
 }
 
 /// `acc[i][c] = Σ_k x[i][k] · panel[k][c]` for `rows ≤ 4` rows, k ascending, one FMA per term.

@@ -13,7 +13,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
-use rayon::prelude::*;
+use super::by_panel_stripes;
 
 pub const QK: usize = 32;
 const COLS: usize = 16;
@@ -214,38 +214,19 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
     assert_eq!(y.len(), m * w.out, "q8 matmul output length");
     let rows: Vec<QuantRow> = x.chunks_exact(w.inp).map(quantize_row).collect();
     let (nb, pb) = (w.inp / QK, w.format.panel_block());
-    let panels = w.out.div_ceil(COLS);
-    let per_task = panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
-    let stripes: Vec<(usize, Vec<f32>)> = (0..panels)
-        .step_by(per_task)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|p0| {
-            let p1 = (p0 + per_task).min(panels);
-            let mut out = vec![0f32; m * (p1 - p0) * COLS];
-            for p in p0..p1 {
-                let panel = &w.data[p * nb * pb..(p + 1) * nb * pb];
-                for r0 in (0..m).step_by(ROWS) {
-                    let r1 = (r0 + ROWS).min(m);
-                    let mut acc = [[0f32; COLS]; ROWS];
-                    tile(isa, w, &rows[r0..r1], panel, nb, &mut acc);
-                    for (i, a) in acc.iter().enumerate().take(r1 - r0) {
-                        let dst = ((r0 + i) * (p1 - p0) + (p - p0)) * COLS;
-                        out[dst..dst + COLS].copy_from_slice(a);
-                    }
+    by_panel_stripes(m, w.out, COLS, 1, y, |p0, p1, stripe| {
+        for p in p0..p1 {
+            let panel = &w.data[p * nb * pb..(p + 1) * nb * pb];
+            for r0 in (0..m).step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(m);
+                let mut acc = [[0f32; COLS]; ROWS];
+                tile(isa, w, &rows[r0..r1], panel, nb, &mut acc);
+                for (i, a) in acc.iter().enumerate().take(r1 - r0) {
+                    stripe.put(r0 + i, p - p0, a);
                 }
             }
-            (p0, out)
-        })
-        .collect();
-    for (p0, out) in stripes {
-        let width = out.len() / m.max(1);
-        let col0 = p0 * COLS;
-        let n = width.min(w.out.saturating_sub(col0));
-        for i in 0..m {
-            y[i * w.out + col0..i * w.out + col0 + n].copy_from_slice(&out[i * width..i * width + n]);
         }
-    }
+    });
 }
 
 fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
