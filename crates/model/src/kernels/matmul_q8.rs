@@ -4,12 +4,17 @@
 //!
 //! The weight is repacked once at load: panels of 16 output columns, and within a panel, per
 //! 32-wide block of the input, the values laid out `[8 groups of 4 inputs][16 columns][4]` so one
-//! `vpdpbusd` multiplies four inputs of one row into all 16 columns at once. Q4_0 keeps 4 bits:
-//! byte `j` of a block holds layout entry `j` in its low nibble and entry `j + 256` in its high
-//! one, so one 64-byte load yields groups `g` and `g + 4`. Each output
-//! is then, block by block in input order, `acc = fma(isum as f32, d_w · d_x, acc)` with `isum`
-//! an exact integer — the same bits for any number of rows, any tiling and any instruction set,
-//! which keeps batches from changing a request's tokens. The scalar path is the reference.
+//! `vpdpbusd` multiplies four inputs of one row into all 16 columns at once, then the 16 f16
+//! scales. `vpdpbusd` wants one unsigned operand, so the weight is stored offset to be unsigned
+//! (Q8_0: `w + 128`; Q4_0: the nibble as GGUF has it, `w + 8`) and the offset's contribution,
+//! `offset · Σx` per row and block, is subtracted once per block. Q4_0 keeps 4 bits: byte `j`
+//! of a block holds layout entry `j` in its low nibble and entry `j + 256` in its high one, so
+//! one 64-byte load yields groups `g` and `g + 4`. The packed weight is as compact as GGUF's
+//! (4.5 and 8.5 bits per value), which matters because decode streams all of it per token.
+//! Each output is then, block by block in input order, `acc = fma(isum as f32, d_w · d_x, acc)`
+//! with `isum` an exact integer — the same bits for any number of rows, any tiling and any
+//! instruction set, which keeps batches from changing a request's tokens. The scalar path is
+//! the reference.
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
@@ -44,9 +49,17 @@ impl Format {
         }
     }
 
-    /// One panel block: the values, then 16 f32 scales, then 16 i32 column sums times 128.
+    /// One panel block: the values, then 16 f16 scales.
     fn panel_block(self) -> usize {
-        self.values() + COLS * 4 + COLS * 4
+        self.values() + COLS * 2
+    }
+
+    /// What the stored (unsigned) weight adds to the signed value.
+    fn offset(self) -> i32 {
+        match self {
+            Format::Q8_0 => 128,
+            Format::Q4_0 => 8,
+        }
     }
 
     /// Element `k` of a GGUF block, as a signed integer.
@@ -92,40 +105,34 @@ impl PackedQ8 {
             let (p, c) = (o / COLS, o % COLS);
             for b in 0..nb {
                 let blk = &raw[(o * nb + b) * gb..(o * nb + b + 1) * gb];
-                let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let base = (p * nb + b) * pb;
-                let mut sum = 0i32;
                 for k in 0..QK {
-                    let q = format.ggml_value(blk, k);
-                    sum += q as i32;
+                    let stored = (format.ggml_value(blk, k) as i32 + format.offset()) as u8;
                     let e = (k / 4) * COLS * 4 + c * 4 + k % 4;
                     match format {
-                        Format::Q8_0 => data[base + e] = q as u8,
+                        Format::Q8_0 => data[base + e] = stored,
                         Format::Q4_0 => {
                             let (byte, high) = q4_slot(e);
-                            let nib = (q + 8) as u8;
-                            data[base + byte] |= if high { nib << 4 } else { nib };
+                            data[base + byte] |= if high { stored << 4 } else { stored };
                         }
                     }
                 }
-                let s = base + format.values() + c * 4;
-                data[s..s + 4].copy_from_slice(&d.to_le_bytes());
-                // 128·Σw: what the +128 offset of the activations adds to every block sum.
-                let t = base + format.values() + COLS * 4 + c * 4;
-                data[t..t + 4].copy_from_slice(&(128 * sum).to_le_bytes());
+                // The f16 scale as GGUF stores it (widened exactly when used).
+                let s = base + format.values() + c * 2;
+                data[s..s + 2].copy_from_slice(&blk[..2]);
             }
         }
         Some(Self { format, out, inp, data })
     }
 
-    /// Layout entry `e` of panel block `base`, as a signed value.
-    fn value(&self, panel: &[u8], base: usize, e: usize) -> i32 {
+    /// Layout entry `e` of panel block `base`, as stored (the value plus the format's offset).
+    fn stored(&self, panel: &[u8], base: usize, e: usize) -> i32 {
         match self.format {
-            Format::Q8_0 => panel[base + e] as i8 as i32,
+            Format::Q8_0 => panel[base + e] as i32,
             Format::Q4_0 => {
                 let (byte, high) = q4_slot(e);
                 let v = panel[base + byte];
-                (if high { v >> 4 } else { v & 0x0F }) as i32 - 8
+                (if high { v >> 4 } else { v & 0x0F }) as i32
             }
         }
     }
@@ -139,32 +146,33 @@ impl PackedQ8 {
     }
 }
 
-/// One row of activations quantized per 32-block: `q + 128` as u8 (for `vpdpbusd`'s unsigned
-/// operand) and the block scales.
+/// One row of activations quantized per 32-block: the int8 values, the block scales, and per
+/// block `offset · Σq`, what the weight's storage offset adds to each block's integer sum.
 struct QuantRow {
-    q: Vec<u8>,
+    q: Vec<i8>,
     d: Vec<f32>,
+    corr: Vec<i32>,
 }
 
-fn quantize_row(x: &[f32]) -> QuantRow {
+fn quantize_row(x: &[f32], offset: i32) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F was just detected. Same arithmetic, wider vectors, same bits.
-        return unsafe { quantize_row_avx512(x) };
+        return unsafe { quantize_row_avx512(x, offset) };
     }
-    quantize_row_body(x)
+    quantize_row_body(x, offset)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn quantize_row_avx512(x: &[f32]) -> QuantRow {
-    quantize_row_body(x)
+unsafe fn quantize_row_avx512(x: &[f32], offset: i32) -> QuantRow {
+    quantize_row_body(x, offset)
 }
 
 #[inline(always)]
-fn quantize_row_body(x: &[f32]) -> QuantRow {
+fn quantize_row_body(x: &[f32], offset: i32) -> QuantRow {
     let nb = x.len() / QK;
-    let (mut q, mut d) = (vec![128u8; x.len()], vec![0f32; nb]);
+    let (mut q, mut d, mut corr) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
     for b in 0..nb {
         let blk = &x[b * QK..(b + 1) * QK];
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -177,11 +185,12 @@ fn quantize_row_body(x: &[f32]) -> QuantRow {
                 // unlike `f32::round` it vectorises instead of calling libm per value.
                 const MAGIC: f32 = 12_582_912.0;
                 let r = (v * inv + MAGIC) - MAGIC;
-                q[b * QK + k] = (r as i32).clamp(-127, 127).wrapping_add(128) as u8;
+                q[b * QK + k] = (r as i32).clamp(-127, 127) as i8;
             }
         }
+        corr[b] = offset * q[b * QK..(b + 1) * QK].iter().map(|&v| v as i32).sum::<i32>();
     }
-    QuantRow { q, d }
+    QuantRow { q, d, corr }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +221,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
     let isa = if isa == Isa::Vnni && detect_isa() != Isa::Vnni { Isa::Scalar } else { isa };
     assert_eq!(x.len(), m * w.inp, "q8 matmul input length");
     assert_eq!(y.len(), m * w.out, "q8 matmul output length");
-    let rows: Vec<QuantRow> = x.chunks_exact(w.inp).map(quantize_row).collect();
+    let rows: Vec<QuantRow> = x.chunks_exact(w.inp).map(|r| quantize_row(r, w.format.offset())).collect();
     let (nb, pb) = (w.inp / QK, w.format.panel_block());
     by_panel_stripes(m, w.out, COLS, 1, y, |p0, p1, stripe| {
         for p in p0..p1 {
@@ -241,12 +250,8 @@ fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc:
     }
 }
 
-fn read_f32(b: &[u8], at: usize) -> f32 {
-    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn read_i32(b: &[u8], at: usize) -> i32 {
-    i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+fn read_f16(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// The reference: exact integer block sums, then one `mul_add` per block, in block order.
@@ -258,11 +263,11 @@ fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &m
             for c in 0..COLS {
                 let mut isum = 0i32;
                 for k in 0..QK {
-                    let wv = w.value(panel, base, (k / 4) * COLS * 4 + c * 4 + k % 4);
+                    let wv = w.stored(panel, base, (k / 4) * COLS * 4 + c * 4 + k % 4);
                     isum += row.q[b * QK + k] as i32 * wv;
                 }
-                isum -= read_i32(panel, base + vals + COLS * 4 + c * 4);
-                let scale = read_f32(panel, base + vals + c * 4) * row.d[b];
+                isum -= row.corr[b];
+                let scale = read_f16(panel, base + vals + c * 2) * row.d[b];
                 acc[r][c] = (isum as f32).mul_add(scale, acc[r][c]);
             }
         }
@@ -273,6 +278,8 @@ fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &m
 mod x86 {
     use super::{QuantRow, COLS, QK, ROWS};
     use std::arch::x86_64::*;
+
+    const PREFETCH_BLOCKS: usize = 8;
 
     /// Dispatch on the row count so the accumulators of [`tile_vnni`] are registers.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -303,42 +310,51 @@ mod x86 {
         acc: &mut [[f32; COLS]; ROWS],
     ) {
         let vals = if Q4 { COLS * QK / 2 } else { COLS * QK };
-        let pb = vals + COLS * 8;
-        let mut xq = [std::ptr::null::<u8>(); R];
+        let pb = vals + COLS * 2;
+        let mut xq = [std::ptr::null::<i8>(); R];
         let mut dx = [std::ptr::null::<f32>(); R];
+        let mut corr = [std::ptr::null::<i32>(); R];
         for r in 0..R {
             xq[r] = rows.get_unchecked(r).q.as_ptr();
             dx[r] = rows.get_unchecked(r).d.as_ptr();
+            corr[r] = rows.get_unchecked(r).corr.as_ptr();
         }
         let mut f = [_mm512_setzero_ps(); R];
-        let (low, eight) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(8));
+        let low = _mm512_set1_epi8(0x0F);
         for b in 0..nb {
             let base = panel.as_ptr().add(b * pb);
+            // Software prefetch a few blocks ahead: the loop carries enough arithmetic per byte
+            // that the out-of-order window alone does not keep enough cache misses in flight.
+            let ahead = base.wrapping_add(PREFETCH_BLOCKS * pb);
+            let mut line = 0;
+            while line < pb {
+                _mm_prefetch(ahead.wrapping_add(line) as *const i8, _MM_HINT_T0);
+                line += 64;
+            }
             let mut isum = [_mm512_setzero_si512(); R];
             macro_rules! dot {
                 ($g:expr, $w:expr) => {{
                     let w = $w;
                     for r in 0..R {
                         let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
-                        isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(x), w);
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], w, _mm512_set1_epi32(x));
                     }
                 }};
             }
             if Q4 {
                 for g in 0..4 {
                     let v = _mm512_loadu_si512(base.add(g * COLS * 4) as *const _);
-                    dot!(g, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
-                    dot!(g + 4, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
+                    dot!(g, _mm512_and_si512(v, low));
+                    dot!(g + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
                 }
             } else {
                 for g in 0..QK / 4 {
                     dot!(g, _mm512_loadu_si512(base.add(g * COLS * 4) as *const _));
                 }
             }
-            let dw = _mm512_loadu_ps(base.add(vals) as *const f32);
-            let sums = _mm512_loadu_si512(base.add(vals + COLS * 4) as *const _);
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(vals) as *const __m256i));
             for r in 0..R {
-                let exact = _mm512_sub_epi32(isum[r], sums);
+                let exact = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(*corr[r].add(b)));
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
                 f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, f[r]);
             }
