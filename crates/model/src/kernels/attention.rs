@@ -92,17 +92,17 @@ impl Task<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn run_avx512(&self) -> Vec<f32> {
-        self.body()
+        self.body::<true>()
     }
 
     fn run(&self) -> Vec<f32> {
-        self.body()
+        self.body::<false>()
     }
 
     /// Transpose the key blocks this task reads once (`[block][dim][slot]`), so each score block
     /// is a 16-wide multiply-add over the head dimension; then an online softmax per query row.
     #[inline(always)]
-    fn body(&self) -> Vec<f32> {
+    fn body<const AVX512: bool>(&self) -> Vec<f32> {
         let (kv, seq) = (self.kv, self.seq);
         let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
         let g = self.q_heads / hkv;
@@ -127,67 +127,133 @@ impl Task<'_> {
             for j in 0..g {
                 let qrow = &self.q[((seq.row + t) * self.q_heads + self.h * g + j) * d..][..d];
                 let out = &mut res[((t - self.t0) * g + j) * d..][..d];
-                let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
-                for b in lo / bs..=pos / bs {
-                    let kb = &kt[(b - b0) * d * bs..][..d * bs];
-                    if bs == 16 {
-                        // The default block size: the 16 sums stay in one register.
-                        block_scores::<16>(qrow, kb, &mut scores);
-                    } else {
-                        scores.fill(0.0);
-                        for (dd, &qd) in qrow.iter().enumerate() {
-                            let krow = &kb[dd * bs..(dd + 1) * bs];
-                            for (s, &kv) in scores.iter_mut().zip(krow) {
-                                *s += qd * kv;
-                            }
+                // The default block size and the usual head sizes have an explicit AVX-512 body;
+                // everything else the portable one. Both do the same arithmetic in the same order.
+                #[cfg(target_arch = "x86_64")]
+                if AVX512 && bs == 16 {
+                    // SAFETY: `AVX512` is only set by `run_avx512`, after detecting AVX-512F;
+                    // `kt` holds the blocks `b0..` this row reads, `qrow` and `out` are `d` long.
+                    match d {
+                        64 => {
+                            unsafe { x86::attend_row::<64>(self, &kt, b0, lo, pos, qrow, out) };
+                            continue;
                         }
-                    }
-                    let (first, last) = ((b * bs).max(lo), ((b + 1) * bs - 1).min(pos));
-                    let live = &mut scores[first - b * bs..=last - b * bs];
-                    let mut block_max = f32::NEG_INFINITY;
-                    for s in live.iter_mut() {
-                        *s *= self.scale;
-                        block_max = block_max.max(*s);
-                    }
-                    let new_max = max.max(block_max);
-                    // Rescale what was accumulated under the old maximum (0 on the first block).
-                    let correction = exp(max - new_max);
-                    if correction != 1.0 {
-                        denom *= correction;
-                        out.iter_mut().for_each(|o| *o *= correction);
-                    }
-                    max = new_max;
-                    for s in live.iter_mut() {
-                        *s = exp(*s - max);
-                    }
-                    let vbase = (seq.blocks[b] as usize * hkv + self.h) * bs * d;
-                    for (i, &p) in live.iter().enumerate() {
-                        denom += p;
-                        let vrow = &kv.v[vbase + (first - b * bs + i) * d..][..d];
-                        for (o, &v) in out.iter_mut().zip(vrow) {
-                            *o += p * v;
+                        128 => {
+                            unsafe { x86::attend_row::<128>(self, &kt, b0, lo, pos, qrow, out) };
+                            continue;
                         }
+                        _ => {}
                     }
                 }
-                let inv = 1.0 / denom;
-                out.iter_mut().for_each(|o| *o *= inv);
+                self.attend_row(vec![0f32; d], &kt, b0, lo, pos, qrow, out, &mut scores);
             }
         }
         res
     }
-}
 
-/// Scores of one query against a transposed key block of `BS` slots: for each slot, the sum over
-/// the head dimension in order (the generic path's order, in a register).
-#[inline(always)]
-fn block_scores<const BS: usize>(q: &[f32], kb: &[f32], out: &mut [f32]) {
-    let mut acc = [0f32; BS];
-    for (krow, &qd) in kb.chunks_exact(BS).zip(q) {
-        for k in 0..BS {
-            acc[k] += qd * krow[k];
+    /// One query row against positions `lo..=pos`: online softmax over the key blocks in order,
+    /// the weighted values summed into `acc`, the normalised result written to `out`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn attend_row<A: AsMut<[f32]>>(
+        &self,
+        mut acc: A,
+        kt: &[f32],
+        b0: usize,
+        lo: usize,
+        pos: usize,
+        qrow: &[f32],
+        out: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let (kv, seq) = (self.kv, self.seq);
+        let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
+        let acc = acc.as_mut();
+        let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
+        for b in lo / bs..=pos / bs {
+            let kb = &kt[(b - b0) * d * bs..][..d * bs];
+            if bs == 16 {
+                // The default block size: the 16 sums stay in registers.
+                block_scores::<16>(qrow, kb, scores);
+            } else {
+                block_scores_any(qrow, kb, bs, scores);
+            }
+            let (first, last) = ((b * bs).max(lo), ((b + 1) * bs - 1).min(pos));
+            let live = &mut scores[first - b * bs..=last - b * bs];
+            let mut block_max = f32::NEG_INFINITY;
+            for s in live.iter_mut() {
+                *s *= self.scale;
+                block_max = block_max.max(*s);
+            }
+            let new_max = max.max(block_max);
+            // Rescale what was accumulated under the old maximum (0 on the first block).
+            let correction = exp(max - new_max);
+            if correction != 1.0 {
+                denom *= correction;
+                acc.iter_mut().for_each(|o| *o *= correction);
+            }
+            max = new_max;
+            for s in live.iter_mut() {
+                *s = exp(*s - max);
+            }
+            let vbase = (seq.blocks[b] as usize * hkv + self.h) * bs * d;
+            for (i, &p) in live.iter().enumerate() {
+                denom += p;
+                let vrow = &kv.v[vbase + (first - b * bs + i) * d..][..d];
+                for (o, &v) in acc.iter_mut().zip(vrow) {
+                    *o += p * v;
+                }
+            }
+        }
+        let inv = 1.0 / denom;
+        for (o, a) in out.iter_mut().zip(acc.iter()) {
+            *o = a * inv;
         }
     }
-    out[..BS].copy_from_slice(&acc);
+}
+
+/// Scores of one query against a transposed key block of `BS` slots: for each slot, the head
+/// dimension summed in four interleaved partial sums (`dd mod 4`), then `(s0 + s1) + (s2 + s3)`
+/// — four independent chains instead of one long one. Every path uses this order.
+#[inline(always)]
+fn block_scores<const BS: usize>(q: &[f32], kb: &[f32], out: &mut [f32]) {
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; BS], [0f32; BS], [0f32; BS], [0f32; BS]);
+    let quads = q.len() / 4;
+    for i in 0..quads {
+        let kr = &kb[i * 4 * BS..(i + 1) * 4 * BS];
+        let qs = &q[i * 4..i * 4 + 4];
+        for k in 0..BS {
+            a0[k] += qs[0] * kr[k];
+            a1[k] += qs[1] * kr[BS + k];
+            a2[k] += qs[2] * kr[2 * BS + k];
+            a3[k] += qs[3] * kr[3 * BS + k];
+        }
+    }
+    for dd in quads * 4..q.len() {
+        let a = match dd % 4 {
+            0 => &mut a0,
+            1 => &mut a1,
+            2 => &mut a2,
+            _ => &mut a3,
+        };
+        for k in 0..BS {
+            a[k] += q[dd] * kb[dd * BS + k];
+        }
+    }
+    for k in 0..BS {
+        out[k] = (a0[k] + a1[k]) + (a2[k] + a3[k]);
+    }
+}
+
+/// [`block_scores`] for any block size, in the same order.
+fn block_scores_any(q: &[f32], kb: &[f32], bs: usize, out: &mut [f32]) {
+    for (k, o) in out.iter_mut().enumerate().take(bs) {
+        let mut a = [0f32; 4];
+        for (dd, &qd) in q.iter().enumerate() {
+            a[dd % 4] += qd * kb[dd * bs + k];
+        }
+        *o = (a[0] + a[1]) + (a[2] + a[3]);
+    }
 }
 
 /// `e^x` for the softmax's arguments (x ≤ 0), in plain arithmetic that vectorises and gives the
@@ -210,9 +276,200 @@ fn exp(x: f32) -> f32 {
     p * f32::from_bits(bits)
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Task;
+    use std::arch::x86_64::*;
+
+    /// `e^x` on 16 lanes: [`super::exp`]'s operations, one for one.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_setzero_ps());
+        let magic = _mm512_set1_ps(12_582_912.0);
+        let k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)), magic), magic);
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693_145_75))),
+            _mm512_mul_ps(k, _mm512_set1_ps(1.428_606_8e-6)),
+        );
+        let c = |v: f32| _mm512_set1_ps(v);
+        let mut p = _mm512_add_ps(c(1.0 / 120.0), _mm512_mul_ps(r, c(1.0 / 720.0)));
+        p = _mm512_add_ps(c(1.0 / 24.0), _mm512_mul_ps(r, p));
+        p = _mm512_add_ps(c(1.0 / 6.0), _mm512_mul_ps(r, p));
+        p = _mm512_add_ps(c(0.5), _mm512_mul_ps(r, p));
+        p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
+        p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
+        let bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23);
+        _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
+    }
+
+    /// [`Task::attend_row`] for 16-slot blocks and a head size `D` (a multiple of 16, ≤ 128): the
+    /// scores of a block in four partial-sum registers, the output in `D / 16` registers.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend_row<const D: usize>(
+        task: &Task,
+        kt: &[f32],
+        b0: usize,
+        lo: usize,
+        pos: usize,
+        qrow: &[f32],
+        out: &mut [f32],
+    ) {
+        const BS: usize = 16;
+        let (kv, seq) = (task.kv, task.seq);
+        let hkv = kv.kv_heads;
+        let nv = D / 16;
+        let mut acc = [_mm512_setzero_ps(); 8];
+        let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
+        let q = qrow.as_ptr();
+        let mut p = [0f32; BS];
+        for b in lo / BS..=pos / BS {
+            let kb = kt.as_ptr().add((b - b0) * D * BS);
+            let mut s = [_mm512_setzero_ps(); 4];
+            for dd in (0..D).step_by(4) {
+                for u in 0..4 {
+                    let k = _mm512_loadu_ps(kb.add((dd + u) * BS));
+                    s[u] = _mm512_add_ps(s[u], _mm512_mul_ps(_mm512_set1_ps(*q.add(dd + u)), k));
+                }
+            }
+            let sc = _mm512_mul_ps(
+                _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
+                _mm512_set1_ps(task.scale),
+            );
+            let (first, last) = ((b * BS).max(lo) - b * BS, ((b + 1) * BS - 1).min(pos) - b * BS);
+            let live: __mmask16 = ((1u32 << (last + 1)) - (1u32 << first)) as __mmask16;
+            let block_max = _mm512_mask_reduce_max_ps(live, sc);
+            let new_max = max.max(block_max);
+            let correction = super::exp(max - new_max);
+            if correction != 1.0 {
+                denom *= correction;
+                let c = _mm512_set1_ps(correction);
+                for a in acc.iter_mut().take(nv) {
+                    *a = _mm512_mul_ps(*a, c);
+                }
+            }
+            max = new_max;
+            _mm512_storeu_ps(p.as_mut_ptr(), exp16(_mm512_sub_ps(sc, _mm512_set1_ps(max))));
+            let vbase = kv.v.as_ptr().add((seq.blocks[b] as usize * hkv + task.h) * BS * D);
+            for i in first..=last {
+                let pi = p[i];
+                denom += pi;
+                let pv = _mm512_set1_ps(pi);
+                let vrow = vbase.add(i * D);
+                for (c, a) in acc.iter_mut().enumerate().take(nv) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, _mm512_loadu_ps(vrow.add(c * 16))));
+                }
+            }
+        }
+        let inv = _mm512_set1_ps(1.0 / denom);
+        for (c, a) in acc.iter().enumerate().take(nv) {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c * 16), _mm512_mul_ps(*a, inv));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::exp;
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20_000) as f32 / 5_000.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Every path (portable, AVX-512) against a plain f64 softmax, and against each other bit
+    /// for bit, on scattered block tables, prefix + new tokens, with and without a window.
+    #[test]
+    fn paths_agree_bit_for_bit_and_match_a_plain_softmax() {
+        for (d, bs) in [(64, 16), (128, 16), (32, 16), (64, 8)] {
+            for window in [None, Some(21)] {
+                check(d, bs, window);
+            }
+        }
+    }
+
+    fn check(d: usize, bs: usize, window: Option<usize>) {
+        let (hkv, g, num_blocks) = (2, 3, 12);
+        let q_heads = hkv * g;
+        let k = data(num_blocks * hkv * bs * d, 1);
+        let v = data(num_blocks * hkv * bs * d, 2);
+        let kv = PagedLayer { k: &k, v: &v, block_size: bs, kv_heads: hkv, head_dim: d };
+        // Sequence 0: 5 cached + 30 new tokens over blocks in scrambled order; sequence 1: decode.
+        let t0: Vec<u32> = vec![7, 2, 9, 0, 11, 4];
+        let t1: Vec<u32> = vec![5, 3, 10];
+        let seqs = [
+            SeqView { row: 0, context_len: 5, num_tokens: 30, blocks: &t0 },
+            SeqView { row: 30, context_len: 2 * bs + 3, num_tokens: 1, blocks: &t1 },
+        ];
+        let n = 31;
+        let q = data(n * q_heads * d, 3);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut first: Option<Vec<f32>> = None;
+        for simd in [false, true] {
+            #[cfg(target_arch = "x86_64")]
+            if simd && !std::arch::is_x86_feature_detected!("avx512f") {
+                continue;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            if simd {
+                continue;
+            }
+            let mut out = vec![0f32; n * q_heads * d];
+            for (si, seq) in seqs.iter().enumerate() {
+                for h in 0..hkv {
+                    let task = Task { q: &q, q_heads, seq, kv: &kv, h, t0: 0, t1: seq.num_tokens, window, scale };
+                    #[cfg(target_arch = "x86_64")]
+                    let res = if simd { unsafe { task.run_avx512() } } else { task.run() };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let res = task.run();
+                    for t in 0..seq.num_tokens {
+                        let dst = ((seq.row + t) * q_heads + h * g) * d;
+                        out[dst..dst + g * d].copy_from_slice(&res[t * g * d..(t + 1) * g * d]);
+                    }
+                    let _ = si;
+                }
+            }
+            for seq in &seqs {
+                for t in 0..seq.num_tokens {
+                    let pos = seq.context_len + t;
+                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    for hq in 0..q_heads {
+                        let h = hq / g;
+                        let qr = &q[((seq.row + t) * q_heads + hq) * d..][..d];
+                        let at = |buf: &[f32], p: usize| {
+                            let base = (seq.blocks[p / bs] as usize * hkv + h) * bs * d + (p % bs) * d;
+                            buf[base..base + d].to_vec()
+                        };
+                        let sc: Vec<f64> = (lo..=pos)
+                            .map(|p| {
+                                at(&k, p).iter().zip(qr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
+                            })
+                            .collect();
+                        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let w: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+                        let z: f64 = w.iter().sum();
+                        for dd in 0..d {
+                            let want: f64 =
+                                (lo..=pos).zip(&w).map(|(p, wi)| wi * at(&v, p)[dd] as f64).sum::<f64>() / z;
+                            let got = out[((seq.row + t) * q_heads + hq) * d + dd] as f64;
+                            assert!((got - want).abs() < 1e-4, "d={d} bs={bs} {window:?} simd={simd}: {got} vs {want}");
+                        }
+                    }
+                }
+            }
+            match &first {
+                None => first = Some(out),
+                Some(f) => assert!(f == &out, "d={d} bs={bs} {window:?}: AVX-512 differs from the portable path"),
+            }
+        }
+    }
 
     #[test]
     fn exp_is_accurate_on_the_softmax_range() {
