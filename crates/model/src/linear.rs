@@ -13,7 +13,7 @@ use crate::kernels::matmul_q8::{self, Format, PackedQ8};
 use crate::weights::Weight;
 
 pub enum Linear {
-    /// f32 on the CPU, packed for [`matmul_f32`].
+    /// f32 or bf16 on the CPU, packed for [`matmul_f32`] (f32 arithmetic either way).
     Packed {
         w: Arc<PackedF32>,
         b: Option<Tensor>,
@@ -37,7 +37,7 @@ pub enum Linear {
 impl Linear {
     pub fn new(w: Weight, b: Option<Tensor>) -> Result<Self> {
         Ok(match w {
-            Weight::Dense(w) if w.dtype() == DType::F32 && w.device().is_cpu() => {
+            Weight::Dense(w) if matches!(w.dtype(), DType::F32 | DType::BF16) && w.device().is_cpu() => {
                 Linear::Packed { w: Arc::new(pack(&w)?), b }
             }
             Weight::Dense(w) => Linear::Dense { w, b },
@@ -102,8 +102,12 @@ pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
     Ok(PackedQ8::from_ggml(format, &q.data()?, out, inp))
 }
 
-/// Pack a dense `[out, in]` f32 weight for the CPU kernel.
+/// Pack a dense `[out, in]` weight for the CPU kernel: bf16 stays bf16, anything else as f32.
 pub fn pack(w: &Tensor) -> Result<PackedF32> {
     let (out, inp) = w.dims2()?;
-    Ok(PackedF32::pack(&w.flatten_all()?.to_vec1::<f32>()?, out, inp))
+    if w.dtype() == DType::BF16 {
+        let bits: Vec<u16> = w.flatten_all()?.to_vec1::<half::bf16>()?.into_iter().map(|v| v.to_bits()).collect();
+        return Ok(PackedF32::pack_bf16(&bits, out, inp));
+    }
+    Ok(PackedF32::pack(&w.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?, out, inp))
 }

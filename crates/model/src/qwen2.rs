@@ -77,14 +77,19 @@ impl Qwen2Model {
         let _ = hd;
         let dense = |name: &str, shape: &[usize]| weights.get_dense(name, shape, dtype, device);
         let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            let w = weights.get(&format!("{name}.weight"), &[out, inp], dtype, device)?;
+            let w = weights.get_matrix(&format!("{name}.weight"), &[out, inp], dtype, device)?;
             let b = if bias { Some(dense(&format!("{name}.bias"), &[out])?) } else { None };
             Linear::new(w, b)
         };
         let norm =
             |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
 
-        let embed_w = weights.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?;
+        // A tied embedding is also the lm_head matrix (and may stay bf16 like the others).
+        let embed_w = if cfg.tie_word_embeddings {
+            weights.get_matrix("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?
+        } else {
+            weights.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
@@ -109,7 +114,7 @@ impl Qwen2Model {
             (embedding(embed_w), head)
         } else {
             match embed_w {
-                Weight::Dense(t) if t.dtype() == DType::F32 && t.device().is_cpu() => {
+                Weight::Dense(t) if matches!(t.dtype(), DType::F32 | DType::BF16) && t.device().is_cpu() => {
                     let packed = Arc::new(crate::linear::pack(&t)?);
                     (Embedding::Packed(packed.clone()), Linear::Packed { w: packed, b: None })
                 }

@@ -48,9 +48,20 @@ impl WeightSource {
     /// Load `name` (a Hugging Face tensor name), check it has `shape`, and convert dense weights to
     /// `dtype`.
     pub fn get(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Weight> {
+        self.get_with(name, shape, dtype, device, false)
+    }
+
+    /// [`get`](Self::get) for a matrix flint's CPU kernel will pack: one stored in bf16 stays
+    /// bf16 when the compute dtype is f32 on the CPU (the kernel widens it exactly as it reads,
+    /// so decode streams half the bytes).
+    pub fn get_matrix(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Weight> {
+        self.get_with(name, shape, dtype, device, dtype == DType::F32 && device.is_cpu())
+    }
+
+    fn get_with(&self, name: &str, shape: &[usize], dtype: DType, device: &Device, keep_bf16: bool) -> Result<Weight> {
         let w = match self {
-            WeightSource::Safetensors(s) => Weight::Dense(s.load(name, dtype, device)?),
-            WeightSource::Gguf(g) => g.load(name, dtype, device)?,
+            WeightSource::Safetensors(s) => Weight::Dense(s.load(name, dtype, device, keep_bf16)?),
+            WeightSource::Gguf(g) => g.load(name, dtype, device, keep_bf16)?,
         };
         let found = w.dims();
         if found != shape {
@@ -188,7 +199,7 @@ impl SafetensorsFiles {
         Ok(Self { dir: dir.to_path_buf(), files, index })
     }
 
-    fn load(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {
+    fn load(&self, name: &str, dtype: DType, device: &Device, keep_bf16: bool) -> Result<Tensor> {
         let &fi = self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             file: if self.files.len() == 1 { self.files[0].path.clone() } else { self.dir.clone() },
             name: name.to_string(),
@@ -212,7 +223,7 @@ impl SafetensorsFiles {
             return Err(bad(format!("holds {} bytes, its shape needs {expected}", bytes.len())));
         }
         let t = Tensor::from_raw_buffer(bytes, src_dtype, &info.shape, device).map_err(|e| bad(e.to_string()))?;
-        Ok(if src_dtype == dtype { t } else { t.to_dtype(dtype)? })
+        Ok(if src_dtype == dtype || (keep_bf16 && src_dtype == DType::BF16) { t } else { t.to_dtype(dtype)? })
     }
 
     fn tensors(&self) -> Vec<TensorMeta> {
@@ -252,7 +263,7 @@ impl GgufWeights {
         &self.content.metadata
     }
 
-    fn load(&self, hf_name: &str, dtype: DType, device: &Device) -> Result<Weight> {
+    fn load(&self, hf_name: &str, dtype: DType, device: &Device, keep_bf16: bool) -> Result<Weight> {
         let name = hf_to_gguf_name(hf_name);
         if !self.content.tensor_infos.contains_key(&name) {
             return Err(ModelError::MissingTensor { file: self.path.clone(), name });
@@ -269,6 +280,8 @@ impl GgufWeights {
             })?
         };
         Ok(match q.dtype() {
+            // Widened to f32 and narrowed back: exact for values that were bf16.
+            GgmlDType::BF16 if keep_bf16 => Weight::Dense(q.dequantize(device)?.to_dtype(DType::BF16)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
             _ => Weight::Quantized(q),
         })

@@ -7,6 +7,10 @@
 //! the instruction set: AVX-512, AVX2+FMA and the scalar `f32::mul_add` reference all round
 //! exactly the same way. The weight is packed once at load into panels of 16 output columns,
 //! `[out/16][in][16]`, so the inner loop streams it contiguously.
+//!
+//! A bf16 checkpoint keeps its weights in bf16 panels: half the bytes to stream per token, and
+//! widening bf16 to f32 is exact (a 16-bit shift), so the products, and the bits, are those of
+//! the same weights upcast to f32.
 
 use super::by_panel_stripes;
 
@@ -15,27 +19,73 @@ pub const PANEL: usize = 16;
 /// Rows per micro-tile: eight rows share each loaded panel vector (16 AVX-512 accumulators).
 const ROWS: usize = 8;
 
-/// A `[out, in]` weight packed for [`matmul`].
+/// A `[out, in]` weight packed for [`matmul`], its values in f32 or bf16.
 #[derive(Clone)]
 pub struct PackedF32 {
     out: usize,
     inp: usize,
-    panels: Vec<f32>,
+    data: PanelData,
+}
+
+#[derive(Clone)]
+enum PanelData {
+    F32(Vec<f32>),
+    /// bf16 bit patterns.
+    Bf16(Vec<u16>),
+}
+
+/// One panel's values, `[in][16]`.
+#[derive(Clone, Copy)]
+enum Panel<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl Panel<'_> {
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        match self {
+            Panel::F32(v) => v[i],
+            Panel::Bf16(v) => bf16_to_f32(v[i]),
+        }
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Lay a row-major `[out, in]` matrix out as panels.
+fn to_panels<T: Copy + Default>(w: &[T], out: usize, inp: usize) -> Vec<T> {
+    assert_eq!(w.len(), out * inp, "packed weight length");
+    let mut panels = vec![T::default(); out.div_ceil(PANEL) * inp * PANEL];
+    for (o, row) in w.chunks_exact(inp).enumerate() {
+        let base = (o / PANEL) * inp * PANEL + o % PANEL;
+        for (k, &v) in row.iter().enumerate() {
+            panels[base + k * PANEL] = v;
+        }
+    }
+    panels
 }
 
 impl PackedF32 {
     /// Pack a row-major `[out, in]` matrix (a Linear weight as checkpoints store it).
     pub fn pack(w: &[f32], out: usize, inp: usize) -> Self {
-        assert_eq!(w.len(), out * inp, "packed weight length");
-        let num_panels = out.div_ceil(PANEL);
-        let mut panels = vec![0f32; num_panels * inp * PANEL];
-        for (o, row) in w.chunks_exact(inp).enumerate() {
-            let base = (o / PANEL) * inp * PANEL + o % PANEL;
-            for (k, &v) in row.iter().enumerate() {
-                panels[base + k * PANEL] = v;
-            }
+        Self { out, inp, data: PanelData::F32(to_panels(w, out, inp)) }
+    }
+
+    /// Pack a row-major `[out, in]` matrix of bf16 bit patterns, kept in bf16.
+    pub fn pack_bf16(w: &[u16], out: usize, inp: usize) -> Self {
+        Self { out, inp, data: PanelData::Bf16(to_panels(w, out, inp)) }
+    }
+
+    fn panel(&self, p: usize) -> Panel<'_> {
+        let span = p * self.inp * PANEL..(p + 1) * self.inp * PANEL;
+        match &self.data {
+            PanelData::F32(v) => Panel::F32(&v[span]),
+            PanelData::Bf16(v) => Panel::Bf16(&v[span]),
         }
-        Self { out, inp, panels }
     }
 
     pub fn out_features(&self) -> usize {
@@ -48,9 +98,9 @@ impl PackedF32 {
 
     /// Row `o` of the original matrix (an embedding lookup from a tied lm_head).
     pub fn row(&self, o: usize, dst: &mut [f32]) {
-        let base = (o / PANEL) * self.inp * PANEL + o % PANEL;
+        let panel = self.panel(o / PANEL);
         for (k, d) in dst.iter_mut().enumerate().take(self.inp) {
-            *d = self.panels[base + k * PANEL];
+            *d = panel.at(k * PANEL + o % PANEL);
         }
     }
 }
@@ -95,11 +145,26 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
     let isa = if supported(isa) { isa } else { Isa::Scalar };
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
-    let panel = |p: usize| &w.panels[p * w.inp * PANEL..(p + 1) * w.inp * PANEL];
+    // With several row tiles each bf16 panel would be widened once per tile; widen it once into
+    // a scratch panel instead (exact, so the same bits) and run the f32 loop on that.
+    let widen = matches!(w.data, PanelData::Bf16(_)) && m > ROWS;
+    let n = w.inp * PANEL;
     by_panel_stripes(m, w.out, PANEL, 2, y, |p0, p1, stripe| {
+        let mut scratch = if widen { vec![0f32; 2 * n] } else { Vec::new() };
         // Two panels at a time: eight independent accumulators hide the FMA latency.
         for p in (p0..p1).step_by(2) {
             let pair = p + 1 < p1;
+            let (pa, pb) = if widen {
+                let (sa, sb) = scratch.split_at_mut(n);
+                for (j, dst) in [sa, sb].into_iter().enumerate().take(1 + usize::from(pair)) {
+                    if let Panel::Bf16(src) = w.panel(p + j) {
+                        dst.iter_mut().zip(src).for_each(|(d, &b)| *d = bf16_to_f32(b));
+                    }
+                }
+                (Panel::F32(&scratch[..n]), Panel::F32(&scratch[n..]))
+            } else {
+                (w.panel(p), w.panel((p + 1).min(p1 - 1)))
+            };
             let mut r = 0;
             while r < m {
                 let rows = (m - r).min(ROWS);
@@ -107,9 +172,9 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
                 let mut acc = [[[0f32; PANEL]; ROWS]; 2];
                 let [a0, a1] = &mut acc;
                 if pair {
-                    tile_pair(isa, xs, rows, w.inp, panel(p), panel(p + 1), a0, a1);
+                    tile_pair(isa, xs, rows, w.inp, pa, pb, a0, a1);
                 } else {
-                    tile(isa, xs, rows, w.inp, panel(p), a0);
+                    tile(isa, xs, rows, w.inp, pa, a0);
                 }
                 for (j, a) in acc.iter().enumerate().take(1 + usize::from(pair)) {
                     for (i, row) in a.iter().enumerate().take(rows) {
@@ -123,13 +188,18 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
 }
 
 /// `acc[i][c] = Σ_k x[i][k] · panel[k][c]` for `rows ≤ 4` rows, k ascending, one FMA per term.
-fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: &[f32], acc: &mut [[f32; PANEL]; ROWS]) {
-    match isa {
+fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f32; PANEL]; ROWS]) {
+    // SAFETY (all arms): `detect_isa` (or the caller, in tests, after checking) confirmed the
+    // features; the pointers are to a whole panel of `k · PANEL` values.
+    match (isa, panel) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `detect_isa` (or the caller, in tests, after checking) confirmed the features.
-        Isa::Avx512 => unsafe { x86::tile_avx512(x, rows, k, panel, acc) },
+        (Isa::Avx512, Panel::F32(p)) => unsafe { x86::tile_avx512::<false>(x, rows, k, p.as_ptr().cast(), acc) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => unsafe { x86::tile_avx2(x, rows, k, panel, acc) },
+        (Isa::Avx512, Panel::Bf16(p)) => unsafe { x86::tile_avx512::<true>(x, rows, k, p.as_ptr().cast(), acc) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Panel::F32(p)) => unsafe { x86::tile_avx2::<false>(x, rows, k, p.as_ptr().cast(), acc) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, Panel::Bf16(p)) => unsafe { x86::tile_avx2::<true>(x, rows, k, p.as_ptr().cast(), acc) },
         _ => tile_scalar(x, rows, k, panel, acc),
     }
 }
@@ -141,41 +211,38 @@ fn tile_pair(
     x: &[f32],
     rows: usize,
     k: usize,
-    p0: &[f32],
-    p1: &[f32],
+    p0: Panel,
+    p1: Panel,
     acc0: &mut [[f32; PANEL]; ROWS],
     acc1: &mut [[f32; PANEL]; ROWS],
 ) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        use x86::tile_rx2_avx512 as t;
-        // SAFETY: AVX-512F confirmed by the caller's `isa`; `x` holds `rows` rows of `k`.
+        // SAFETY: AVX-512F confirmed by the caller's `isa`; `x` holds `rows` rows of `k`, each
+        // panel `k · PANEL` values of the element type the flag names.
         unsafe {
-            match rows {
-                1 => t::<1>(x, k, p0, p1, acc0, acc1),
-                2 => t::<2>(x, k, p0, p1, acc0, acc1),
-                3 => t::<3>(x, k, p0, p1, acc0, acc1),
-                4 => t::<4>(x, k, p0, p1, acc0, acc1),
-                5 => t::<5>(x, k, p0, p1, acc0, acc1),
-                6 => t::<6>(x, k, p0, p1, acc0, acc1),
-                7 => t::<7>(x, k, p0, p1, acc0, acc1),
-                _ => t::<8>(x, k, p0, p1, acc0, acc1),
+            match (p0, p1) {
+                (Panel::F32(a), Panel::F32(b)) => {
+                    return x86::tile_pair_avx512::<false>(x, rows, k, a.as_ptr().cast(), b.as_ptr().cast(), acc0, acc1)
+                }
+                (Panel::Bf16(a), Panel::Bf16(b)) => {
+                    return x86::tile_pair_avx512::<true>(x, rows, k, a.as_ptr().cast(), b.as_ptr().cast(), acc0, acc1)
+                }
+                _ => {}
             }
         }
-        return;
     }
     tile(isa, x, rows, k, p0, acc0);
     tile(isa, x, rows, k, p1, acc1);
 }
 
 /// The portable reference; `mul_add` is a correctly rounded FMA, exactly what the SIMD paths do.
-fn tile_scalar(x: &[f32], rows: usize, k: usize, panel: &[f32], acc: &mut [[f32; PANEL]; ROWS]) {
+fn tile_scalar(x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f32; PANEL]; ROWS]) {
     for (i, a) in acc.iter_mut().enumerate().take(rows) {
         let xr = &x[i * k..(i + 1) * k];
         for (kk, &xv) in xr.iter().enumerate() {
-            let wv = &panel[kk * PANEL..(kk + 1) * PANEL];
-            for c in 0..PANEL {
-                a[c] = xv.mul_add(wv[c], a[c]);
+            for (c, ac) in a.iter_mut().enumerate() {
+                *ac = xv.mul_add(panel.at(kk * PANEL + c), *ac);
             }
         }
     }
@@ -188,58 +255,103 @@ mod x86 {
 
     const PREFETCH_STEPS: usize = 32;
 
+    /// Sixteen panel values from element `i` on, widened to f32 (bf16: exactly, by a shift).
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_avx512(x: &[f32], rows: usize, k: usize, panel: &[f32], acc: &mut [[f32; PANEL]; ROWS]) {
-        let mut a = [_mm512_setzero_ps(); ROWS];
-        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-        // Separate loops per row count keep the accumulators in registers.
-        match rows {
-            4 => {
-                for kk in 0..k {
-                    let w = _mm512_loadu_ps(wp.add(kk * PANEL));
-                    a[0] = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(kk)), w, a[0]);
-                    a[1] = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(k + kk)), w, a[1]);
-                    a[2] = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(2 * k + kk)), w, a[2]);
-                    a[3] = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(3 * k + kk)), w, a[3]);
-                }
-            }
-            _ => {
-                for (i, ai) in a.iter_mut().enumerate().take(rows) {
-                    for kk in 0..k {
-                        let w = _mm512_loadu_ps(wp.add(kk * PANEL));
-                        *ai = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * k + kk)), w, *ai);
-                    }
-                }
-            }
+    unsafe fn ld16<const BF16: bool>(base: *const u8, i: usize) -> __m512 {
+        if BF16 {
+            let h = _mm256_loadu_si256(base.add(i * 2) as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        } else {
+            _mm512_loadu_ps(base.add(i * 4) as *const f32)
         }
-        for (dst, src) in acc.iter_mut().zip(a).take(rows) {
-            _mm512_storeu_ps(dst.as_mut_ptr(), src);
+    }
+
+    /// Eight panel values from element `i` on, widened to f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn ld8<const BF16: bool>(base: *const u8, i: usize) -> __m256 {
+        if BF16 {
+            let h = _mm_loadu_si128(base.add(i * 2) as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        } else {
+            _mm256_loadu_ps(base.add(i * 4) as *const f32)
+        }
+    }
+
+    /// The byte address of panel element `i` (for prefetching; may point past the panel).
+    #[inline(always)]
+    fn at<const BF16: bool>(base: *const u8, i: usize) -> *const i8 {
+        base.wrapping_add(i * if BF16 { 2 } else { 4 }) as *const i8
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_avx512<const BF16: bool>(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        wp: *const u8,
+        acc: &mut [[f32; PANEL]; ROWS],
+    ) {
+        let xp = x.as_ptr();
+        for (i, dst) in acc.iter_mut().enumerate().take(rows) {
+            let mut a = _mm512_setzero_ps();
+            for kk in 0..k {
+                _mm_prefetch(at::<BF16>(wp, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+                a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * k + kk)), ld16::<BF16>(wp, kk * PANEL), a);
+            }
+            _mm512_storeu_ps(dst.as_mut_ptr(), a);
+        }
+    }
+
+    /// Two panels, the row count made a constant so the accumulators are registers.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_pair_avx512<const BF16: bool>(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        w0: *const u8,
+        w1: *const u8,
+        acc0: &mut [[f32; PANEL]; ROWS],
+        acc1: &mut [[f32; PANEL]; ROWS],
+    ) {
+        match rows {
+            1 => tile_rx2::<1, BF16>(x, k, w0, w1, acc0, acc1),
+            2 => tile_rx2::<2, BF16>(x, k, w0, w1, acc0, acc1),
+            3 => tile_rx2::<3, BF16>(x, k, w0, w1, acc0, acc1),
+            4 => tile_rx2::<4, BF16>(x, k, w0, w1, acc0, acc1),
+            5 => tile_rx2::<5, BF16>(x, k, w0, w1, acc0, acc1),
+            6 => tile_rx2::<6, BF16>(x, k, w0, w1, acc0, acc1),
+            7 => tile_rx2::<7, BF16>(x, k, w0, w1, acc0, acc1),
+            _ => tile_rx2::<8, BF16>(x, k, w0, w1, acc0, acc1),
         }
     }
 
     /// `R` rows against two panels: 2·R accumulators, each still one in-order FMA chain.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rx2_avx512<const R: usize>(
+    unsafe fn tile_rx2<const R: usize, const BF16: bool>(
         x: &[f32],
         k: usize,
-        p0: &[f32],
-        p1: &[f32],
+        w0: *const u8,
+        w1: *const u8,
         acc0: &mut [[f32; PANEL]; ROWS],
         acc1: &mut [[f32; PANEL]; ROWS],
     ) {
         let (mut a, mut b) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
-        let (xp, w0p, w1p) = (x.as_ptr(), p0.as_ptr(), p1.as_ptr());
+        let xp = x.as_ptr();
         for kk in 0..k {
-            // One cache line of each panel per step; prefetched well ahead, because a single
-            // row's FMA chain alone does not keep enough misses in flight to stream memory.
-            _mm_prefetch(w0p.wrapping_add((kk + PREFETCH_STEPS) * PANEL) as *const i8, _MM_HINT_T0);
-            _mm_prefetch(w1p.wrapping_add((kk + PREFETCH_STEPS) * PANEL) as *const i8, _MM_HINT_T0);
-            let w0 = _mm512_loadu_ps(w0p.add(kk * PANEL));
-            let w1 = _mm512_loadu_ps(w1p.add(kk * PANEL));
+            // One cache line (or half of one) of each panel per step, prefetched well ahead:
+            // a single row's FMA chain alone does not keep enough misses in flight to stream
+            // memory.
+            _mm_prefetch(at::<BF16>(w0, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+            _mm_prefetch(at::<BF16>(w1, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+            let v0 = ld16::<BF16>(w0, kk * PANEL);
+            let v1 = ld16::<BF16>(w1, kk * PANEL);
             for i in 0..R {
                 let xv = _mm512_set1_ps(*xp.add(i * k + kk));
-                a[i] = _mm512_fmadd_ps(xv, w0, a[i]);
-                b[i] = _mm512_fmadd_ps(xv, w1, b[i]);
+                a[i] = _mm512_fmadd_ps(xv, v0, a[i]);
+                b[i] = _mm512_fmadd_ps(xv, v1, b[i]);
             }
         }
         for i in 0..R {
@@ -249,13 +361,19 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_avx2(x: &[f32], rows: usize, k: usize, panel: &[f32], acc: &mut [[f32; PANEL]; ROWS]) {
+    pub unsafe fn tile_avx2<const BF16: bool>(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        wp: *const u8,
+        acc: &mut [[f32; PANEL]; ROWS],
+    ) {
         for (i, dst) in acc.iter_mut().enumerate().take(rows) {
             let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for kk in 0..k {
                 let xv = _mm256_set1_ps(*x.as_ptr().add(i * k + kk));
-                lo = _mm256_fmadd_ps(xv, _mm256_loadu_ps(panel.as_ptr().add(kk * PANEL)), lo);
-                hi = _mm256_fmadd_ps(xv, _mm256_loadu_ps(panel.as_ptr().add(kk * PANEL + 8)), hi);
+                lo = _mm256_fmadd_ps(xv, ld8::<BF16>(wp, kk * PANEL), lo);
+                hi = _mm256_fmadd_ps(xv, ld8::<BF16>(wp, kk * PANEL + 8), hi);
             }
             _mm256_storeu_ps(dst.as_mut_ptr(), lo);
             _mm256_storeu_ps(dst.as_mut_ptr().add(8), hi);
@@ -338,6 +456,27 @@ mod tests {
                 assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "m={m} pos={pos}");
             }
         }
+    }
+
+    /// bf16 panels give exactly the f32 kernel's bits on the same (upcast) weights, on every path.
+    #[test]
+    fn bf16_panels_match_the_upcast_weights_bit_for_bit() {
+        let (out, inp) = (37, 45);
+        let bits: Vec<u16> = data(out * inp, 11).iter().map(|&v| (v.to_bits() >> 16) as u16).collect();
+        let up: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+        let (pb, pf) = (PackedF32::pack_bf16(&bits, out, inp), PackedF32::pack(&up, out, inp));
+        for m in [1, 2, 5, 8, 11] {
+            let x = data(m * inp, 12 + m as u32);
+            for isa in isas() {
+                let (mut yb, mut yf) = (vec![0f32; m * out], vec![0f32; m * out]);
+                matmul_with(isa, &x, m, &pb, &mut yb);
+                matmul_with(isa, &x, m, &pf, &mut yf);
+                assert_eq!(yb, yf, "{isa:?} m={m}");
+            }
+        }
+        let mut r = [0f32; 45];
+        pb.row(30, &mut r);
+        assert_eq!(&r[..], &up[30 * inp..31 * inp]);
     }
 
     #[test]
