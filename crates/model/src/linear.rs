@@ -10,6 +10,7 @@ use candle_core::{DType, Module, Tensor};
 use crate::error::Result;
 use crate::kernels::matmul_f32::{self, PackedF32};
 use crate::kernels::matmul_q8::{self, Format, PackedQ8};
+use crate::kernels::rowwise::with_f32;
 use crate::weights::Weight;
 
 pub enum Linear {
@@ -62,8 +63,12 @@ impl Linear {
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
-            Linear::Packed { w, b } => (on_cpu(x, w.out_features(), |xs, m, y| matmul_f32::matmul(xs, m, w, y))?, b),
-            Linear::PackedQ8 { w, b } => (on_cpu(x, w.out_features(), |xs, m, y| matmul_q8::matmul(xs, m, w, y))?, b),
+            Linear::Packed { w, b } => {
+                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_f32::matmul(xs, m, w, y))
+            }
+            Linear::PackedQ8 { w, b } => {
+                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_q8::matmul(xs, m, w, y))
+            }
             Linear::Dense { w, b } => (x.matmul(&w.t()?)?, b),
             Linear::Quantized { w, b } => {
                 // candle's quantized kernels take f32 activations.
@@ -79,13 +84,17 @@ impl Linear {
     }
 }
 
-/// Run one of flint's CPU kernels (`kernel(x, rows, y)`, f32 slices) on `x` `[n, in]`.
-fn on_cpu(x: &Tensor, out: usize, kernel: impl Fn(&[f32], usize, &mut [f32])) -> Result<Tensor> {
+/// Run one of flint's CPU kernels (`kernel(x, rows, y)`, f32 slices) on `x` `[n, in]`, reading
+/// `x` in place when it is f32, and add the bias.
+fn on_cpu(x: &Tensor, out: usize, bias: Option<&Tensor>, kernel: impl Fn(&[f32], usize, &mut [f32])) -> Result<Tensor> {
     let (m, _) = x.dims2()?;
-    let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let mut y = vec![0f32; m * out];
-    kernel(&xs, m, &mut y);
-    Ok(Tensor::from_vec(y, (m, out), x.device())?.to_dtype(x.dtype())?)
+    with_f32(x, |xs| kernel(xs, m, &mut y))?;
+    if let Some(b) = bias {
+        with_f32(b, |bs| y.chunks_exact_mut(out).for_each(|row| row.iter_mut().zip(bs).for_each(|(v, b)| *v += b)))?;
+    }
+    let y = Tensor::from_vec(y, (m, out), x.device())?;
+    Ok(if x.dtype() == DType::F32 { y } else { y.to_dtype(x.dtype())? })
 }
 
 /// Repack a CPU Q8_0 or Q4_0 `[out, in]` weight for flint's int8 kernel; `None` for other types.

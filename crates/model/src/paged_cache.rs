@@ -2,8 +2,10 @@
 //! block manager decides which blocks a sequence owns and passes them in each [`SeqChunk`]'s
 //! block table; this type only stores and reads.
 //!
-//! Layout of one block in one layer: `[kv_heads][block_size][head_dim]`, so one head's keys in a
-//! block are contiguous and the attention kernel streams them. Two planned features fit as is:
+//! Layout of one block in one layer: values `[kv_heads][block_size][head_dim]` and keys transposed,
+//! `[kv_heads][head_dim][block_size]`, so one head's keys or values in a block are contiguous and
+//! the attention kernel streams them (keys as 16-wide columns of scores, without a transpose per
+//! step). Two planned features fit as is:
 //! - **int8 KV** (KIVI-style): a block gains a code array of the same shape plus, per block, one
 //!   K scale per (head, channel) and one V scale per (head, token); scales live with the block,
 //!   so sharing, eviction and copy-on-write move them along with the codes.
@@ -11,12 +13,13 @@
 //!   table, so discarding drafted tokens is the engine shortening the sequence's length (and
 //!   freeing tail blocks); stale slots are overwritten by the next write, never read before it.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::kernels::attention::{paged_attention, PagedLayer, SeqView};
+use crate::kernels::rowwise::with_f32;
 use crate::kv_cache::KvCache;
 
 pub struct PagedKvCache {
@@ -110,23 +113,27 @@ impl KvCache for PagedKvCache {
         if k.dims3()? != (n, hkv, d) || d != self.head_dim {
             return Err(ModelError::Batch(format!("k of shape {:?} does not fit the cache", k.dims())));
         }
-        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?) };
-        let (qv, kv_new, vv_new) = (flat(q)?, flat(k)?, flat(v)?);
         let (kp, vp) = &mut self.layers[layer];
-        let mut row = 0;
-        for s in &batch.seqs {
-            for t in 0..s.num_tokens {
-                let pos = s.context_len + t;
-                let (block, off) = (s.blocks[pos / bs] as usize, pos % bs);
-                for h in 0..hkv {
-                    let src = ((row + t) * hkv + h) * d;
-                    let dst = ((block * hkv + h) * bs + off) * d;
-                    kp[dst..dst + d].copy_from_slice(&kv_new[src..src + d]);
-                    vp[dst..dst + d].copy_from_slice(&vv_new[src..src + d]);
+        with_f32(k, |kv_new| {
+            with_f32(v, |vv_new| {
+                let mut row = 0;
+                for s in &batch.seqs {
+                    for t in 0..s.num_tokens {
+                        let pos = s.context_len + t;
+                        let (block, off) = (s.blocks[pos / bs] as usize, pos % bs);
+                        for h in 0..hkv {
+                            let src = ((row + t) * hkv + h) * d;
+                            let head = (block * hkv + h) * bs * d;
+                            vp[head + off * d..head + (off + 1) * d].copy_from_slice(&vv_new[src..src + d]);
+                            for (dd, &x) in kv_new[src..src + d].iter().enumerate() {
+                                kp[head + dd * bs + off] = x;
+                            }
+                        }
+                    }
+                    row += s.num_tokens;
                 }
-            }
-            row += s.num_tokens;
-        }
+            })
+        })??;
         let mut views = Vec::with_capacity(batch.seqs.len());
         let mut row = 0;
         for s in &batch.seqs {
@@ -135,7 +142,7 @@ impl KvCache for PagedKvCache {
         }
         let pool = PagedLayer { k: kp, v: vp, block_size: bs, kv_heads: hkv, head_dim: d };
         let mut out = vec![0f32; n * q_heads * d];
-        paged_attention(&qv, q_heads, &views, &pool, window, &mut out);
+        with_f32(q, |qv| paged_attention(qv, q_heads, &views, &pool, window, &mut out))?;
         let device: &Device = q.device();
         Ok(Tensor::from_vec(out, (n, q_heads * d), device)?.to_dtype(q.dtype())?)
     }
@@ -146,6 +153,7 @@ mod tests {
     use super::*;
     use crate::batch::LogitsRows;
     use crate::kv_cache::ContiguousKvCache;
+    use candle_core::DType;
 
     fn cfg() -> Qwen2Config {
         Qwen2Config::from_json_str(

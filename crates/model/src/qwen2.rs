@@ -15,6 +15,7 @@ use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::kernels::matmul_f32::PackedF32;
+use crate::kernels::rowwise;
 use crate::kv_cache::KvCache;
 use crate::linear::Linear;
 use crate::rope::{apply_rope, Rope};
@@ -190,22 +191,71 @@ impl Qwen2Model {
             }
         };
         let (cos, sin) = self.rope.cos_sin(&batch.positions, &self.device)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(&x)?;
-            let attn = self.attention(l, layer, &h, &cos, &sin, batch, cache)?;
-            x = (x + layer.o_proj.forward(&attn)?)?;
-            let h = layer.post_attention_layernorm.forward(&x)?;
-            let gate = layer.gate_proj.forward(&h)?.silu()?;
-            let up = layer.up_proj.forward(&h)?;
-            x = (x + layer.down_proj.forward(&(gate * up)?)?)?;
+        if self.cpu_f32() {
+            // The same layer with flint's own row-wise ops (see `kernels::rowwise`).
+            let (cos_v, sin_v) = (cos.flatten_all()?.to_vec1::<f32>()?, sin.flatten_all()?.to_vec1::<f32>()?);
+            for (l, layer) in self.layers.iter().enumerate() {
+                let h = rowwise::rms_norm(&x, &layer.input_layernorm.weight, layer.input_layernorm.eps)?;
+                let attn = self.attention_cpu(l, layer, &h, &cos_v, &sin_v, batch, cache)?;
+                x = rowwise::add(&x, &layer.o_proj.forward(&attn)?)?;
+                let eps = layer.post_attention_layernorm.eps;
+                let h = rowwise::rms_norm(&x, &layer.post_attention_layernorm.weight, eps)?;
+                let gated = rowwise::silu_mul(&layer.gate_proj.forward(&h)?, &layer.up_proj.forward(&h)?)?;
+                x = rowwise::add(&x, &layer.down_proj.forward(&gated)?)?;
+            }
+        } else {
+            for (l, layer) in self.layers.iter().enumerate() {
+                let h = layer.input_layernorm.forward(&x)?;
+                let attn = self.attention(l, layer, &h, &cos, &sin, batch, cache)?;
+                x = (x + layer.o_proj.forward(&attn)?)?;
+                let h = layer.post_attention_layernorm.forward(&x)?;
+                let gate = layer.gate_proj.forward(&h)?.silu()?;
+                let up = layer.up_proj.forward(&h)?;
+                x = (x + layer.down_proj.forward(&(gate * up)?)?)?;
+            }
         }
         let rows = batch.logit_rows();
         if rows.is_empty() {
             return Ok(None);
         }
         let rows_t = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
-        let last = self.norm.forward(&x.index_select(&rows_t, 0)?)?;
+        let last = x.index_select(&rows_t, 0)?;
+        let last = if self.cpu_f32() {
+            rowwise::rms_norm(&last, &self.norm.weight, self.norm.eps)?
+        } else {
+            self.norm.forward(&last)?
+        };
         Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?))
+    }
+
+    /// f32 on the CPU: the hidden state stays f32 and the row-wise ops are flint's own.
+    fn cpu_f32(&self) -> bool {
+        self.device.is_cpu() && self.dtype == DType::F32
+    }
+
+    /// [`attention`](Self::attention) with RoPE applied in place on the projections' buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_cpu(
+        &self,
+        l: usize,
+        layer: &Layer,
+        h: &Tensor,
+        cos: &[f32],
+        sin: &[f32],
+        batch: &ForwardBatch,
+        cache: &mut dyn KvCache,
+    ) -> Result<Tensor> {
+        let n = h.dim(0)?;
+        let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
+        let rotated = |proj: &Linear, heads: usize| -> Result<Tensor> {
+            let mut v = proj.forward(h)?.flatten_all()?.to_vec1::<f32>()?;
+            rowwise::rope(&mut v, n, heads, d, cos, sin);
+            Ok(Tensor::from_vec(v, (n, heads, d), h.device())?)
+        };
+        let q = rotated(&layer.q_proj, hq)?;
+        let k = rotated(&layer.k_proj, hkv)?;
+        let v = layer.v_proj.forward(h)?.reshape((n, hkv, d))?;
+        cache.attention(l, batch, &q, &k, &v, layer.sliding_window)
     }
 
     #[allow(clippy::too_many_arguments)]

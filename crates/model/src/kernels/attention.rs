@@ -13,7 +13,9 @@ use rayon::prelude::*;
 /// Query tokens per task: enough tasks for the threads on one long prompt, few per decode.
 const QUERY_TILE: usize = 16;
 
-/// The paged pool of one layer: `[num_blocks][kv_heads][block_size][head_dim]` for K and for V.
+/// The paged pool of one layer: K as `[num_blocks][kv_heads][head_dim][block_size]` (transposed,
+/// so a block's 16 scores are 16-wide multiply-adds over the head dimension with no per-step
+/// transpose) and V as `[num_blocks][kv_heads][block_size][head_dim]`.
 pub struct PagedLayer<'a> {
     pub k: &'a [f32],
     pub v: &'a [f32],
@@ -99,26 +101,12 @@ impl Task<'_> {
         self.body::<false>()
     }
 
-    /// Transpose the key blocks this task reads once (`[block][dim][slot]`), so each score block
-    /// is a 16-wide multiply-add over the head dimension; then an online softmax per query row.
+    /// An online softmax per query row over the (transposed) key blocks.
     #[inline(always)]
     fn body<const AVX512: bool>(&self) -> Vec<f32> {
         let (kv, seq) = (self.kv, self.seq);
         let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
         let g = self.q_heads / hkv;
-        let pos_hi = seq.context_len + self.t1 - 1;
-        let lo_min = self.window.map_or(0, |w| (seq.context_len + self.t0 + 1).saturating_sub(w));
-        let (b0, b1) = (lo_min / bs, pos_hi / bs);
-        let mut kt = vec![0f32; (b1 - b0 + 1) * d * bs];
-        for b in b0..=b1 {
-            let src = &kv.k[(seq.blocks[b] as usize * hkv + self.h) * bs * d..][..bs * d];
-            let dst = &mut kt[(b - b0) * d * bs..][..d * bs];
-            for k in 0..bs {
-                for dd in 0..d {
-                    dst[dd * bs + k] = src[k * d + dd];
-                }
-            }
-        }
         let mut res = vec![0f32; (self.t1 - self.t0) * g * d];
         let mut scores = vec![0f32; bs];
         for t in self.t0..self.t1 {
@@ -135,17 +123,17 @@ impl Task<'_> {
                     // `kt` holds the blocks `b0..` this row reads, `qrow` and `out` are `d` long.
                     match d {
                         64 => {
-                            unsafe { x86::attend_row::<64>(self, &kt, b0, lo, pos, qrow, out) };
+                            unsafe { x86::attend_row::<64>(self, lo, pos, qrow, out) };
                             continue;
                         }
                         128 => {
-                            unsafe { x86::attend_row::<128>(self, &kt, b0, lo, pos, qrow, out) };
+                            unsafe { x86::attend_row::<128>(self, lo, pos, qrow, out) };
                             continue;
                         }
                         _ => {}
                     }
                 }
-                self.attend_row(vec![0f32; d], &kt, b0, lo, pos, qrow, out, &mut scores);
+                self.attend_row(vec![0f32; d], lo, pos, qrow, out, &mut scores);
             }
         }
         res
@@ -158,8 +146,6 @@ impl Task<'_> {
     fn attend_row<A: AsMut<[f32]>>(
         &self,
         mut acc: A,
-        kt: &[f32],
-        b0: usize,
         lo: usize,
         pos: usize,
         qrow: &[f32],
@@ -171,7 +157,7 @@ impl Task<'_> {
         let acc = acc.as_mut();
         let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
         for b in lo / bs..=pos / bs {
-            let kb = &kt[(b - b0) * d * bs..][..d * bs];
+            let kb = &kv.k[(seq.blocks[b] as usize * hkv + self.h) * d * bs..][..d * bs];
             if bs == 16 {
                 // The default block size: the 16 sums stay in registers.
                 block_scores::<16>(qrow, kb, scores);
@@ -261,7 +247,7 @@ fn block_scores_any(q: &[f32], kb: &[f32], bs: usize, out: &mut [f32]) {
 /// put into the exponent. Relative error below 3e-7; arguments under −87 give e^−87 ≈ 1.6e−38,
 /// nothing next to the block maximum's 1.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(super) fn exp(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
@@ -307,15 +293,7 @@ mod x86 {
     /// scores of a block in four partial-sum registers, the output in `D / 16` registers.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn attend_row<const D: usize>(
-        task: &Task,
-        kt: &[f32],
-        b0: usize,
-        lo: usize,
-        pos: usize,
-        qrow: &[f32],
-        out: &mut [f32],
-    ) {
+    pub(super) unsafe fn attend_row<const D: usize>(task: &Task, lo: usize, pos: usize, qrow: &[f32], out: &mut [f32]) {
         const BS: usize = 16;
         let (kv, seq) = (task.kv, task.seq);
         let hkv = kv.kv_heads;
@@ -325,7 +303,7 @@ mod x86 {
         let q = qrow.as_ptr();
         let mut p = [0f32; BS];
         for b in lo / BS..=pos / BS {
-            let kb = kt.as_ptr().add((b - b0) * D * BS);
+            let kb = kv.k.as_ptr().add((seq.blocks[b] as usize * hkv + task.h) * D * BS);
             let mut s = [_mm512_setzero_ps(); 4];
             for dd in (0..D).step_by(4) {
                 for u in 0..4 {
@@ -448,9 +426,13 @@ mod tests {
                             let base = (seq.blocks[p / bs] as usize * hkv + h) * bs * d + (p % bs) * d;
                             buf[base..base + d].to_vec()
                         };
+                        let key = |p: usize| -> Vec<f32> {
+                            let base = (seq.blocks[p / bs] as usize * hkv + h) * bs * d + p % bs;
+                            (0..d).map(|dd| k[base + dd * bs]).collect()
+                        };
                         let sc: Vec<f64> = (lo..=pos)
                             .map(|p| {
-                                at(&k, p).iter().zip(qr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
+                                key(p).iter().zip(qr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
                             })
                             .collect();
                         let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

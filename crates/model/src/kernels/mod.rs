@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod matmul_f32;
 pub mod matmul_q8;
+pub mod rowwise;
 
 use rayon::prelude::*;
 
