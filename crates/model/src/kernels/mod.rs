@@ -6,26 +6,51 @@ pub mod matmul_f32;
 pub mod matmul_q8;
 pub mod rowwise;
 
+use std::marker::PhantomData;
+
 use rayon::prelude::*;
 
-/// A task's private output: `[m rows][panels · width]` for a range of column panels.
-pub(crate) struct Stripe {
-    out: Vec<f32>,
-    panels: usize,
+/// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
+/// other task writes.
+pub(crate) struct Stripe<'a> {
+    y: *mut f32,
+    len: usize,
+    cols: usize,
+    col0: usize,
+    col1: usize,
     width: usize,
+    _y: PhantomData<&'a mut [f32]>,
 }
 
-impl Stripe {
-    /// Write the `width` outputs of `row` for panel `panel` (counted from the stripe's first).
+// SAFETY: a stripe only writes its own columns `col0..col1` of `y` (see `put`), and the stripes
+// made by one `by_panel_stripes` call cover disjoint column ranges, so stripes on different
+// threads never touch the same element; `y` outlives them (the `'a` borrow).
+unsafe impl Send for Stripe<'_> {}
+
+impl Stripe<'_> {
+    /// Write the outputs of `row` for panel `panel` (counted from the stripe's first); columns
+    /// past the matrix's edge (a ragged last panel) are dropped.
     pub(crate) fn put(&mut self, row: usize, panel: usize, vals: &[f32]) {
-        let at = (row * self.panels + panel) * self.width;
-        self.out[at..at + self.width].copy_from_slice(&vals[..self.width]);
+        let c0 = self.col0 + panel * self.width;
+        if c0 >= self.col1 {
+            return;
+        }
+        let n = self.width.min(self.col1 - c0).min(vals.len());
+        let at = row * self.cols + c0;
+        assert!(at + n <= self.len, "stripe write out of bounds");
+        // SAFETY: in bounds (checked above) and inside this stripe's own columns.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.y.add(at), n) }
     }
 }
 
+struct SendPtr(*mut f32);
+// SAFETY: only used to hand `y` to the stripes, whose writes are disjoint (see `Stripe`).
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
 /// The split both matrix kernels use: ranges of `width`-column panels (a multiple of `group`
 /// panels each, a few per thread) run in parallel, `fill(p0, p1, stripe)` computes panels
-/// `p0..p1` for all `m` rows, then the stripes are copied into `y` (`[m][cols]`). A row's values
+/// `p0..p1` for all `m` rows straight into their columns of `y` (`[m][cols]`). A row's values
 /// do not depend on the split: each output is computed whole by one `fill`.
 pub(crate) fn by_panel_stripes(
     m: usize,
@@ -35,25 +60,15 @@ pub(crate) fn by_panel_stripes(
     y: &mut [f32],
     fill: impl Fn(usize, usize, &mut Stripe) + Sync,
 ) {
+    assert!(y.len() >= m * cols, "output too short");
     let panels = cols.div_ceil(width);
     let per_task = panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1).next_multiple_of(group);
-    let stripes: Vec<(usize, Stripe)> = (0..panels)
-        .step_by(per_task)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|p0| {
-            let p1 = (p0 + per_task).min(panels);
-            let mut stripe = Stripe { out: vec![0f32; m * (p1 - p0) * width], panels: p1 - p0, width };
-            fill(p0, p1, &mut stripe);
-            (p0, stripe)
-        })
-        .collect();
-    for (p0, stripe) in stripes {
-        let span = stripe.panels * width;
-        let col0 = p0 * width;
-        let n = span.min(cols.saturating_sub(col0));
-        for i in 0..m {
-            y[i * cols + col0..i * cols + col0 + n].copy_from_slice(&stripe.out[i * span..i * span + n]);
-        }
-    }
+    let (ptr, len) = (SendPtr(y.as_mut_ptr()), y.len());
+    let ptr = &ptr;
+    (0..panels).step_by(per_task).collect::<Vec<_>>().into_par_iter().for_each(|p0| {
+        let p1 = (p0 + per_task).min(panels);
+        let mut stripe =
+            Stripe { y: ptr.0, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
+        fill(p0, p1, &mut stripe);
+    });
 }

@@ -86,16 +86,35 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     with_f32(gate, |gs| {
         with_f32(up, |us| {
             map_rows(n, i, &mut out, |r, o| {
-                let (g, u) = (&gs[r * i..(r + 1) * i], &us[r * i..(r + 1) * i]);
-                for ((o, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
-                    let e = exp(-gv.abs());
-                    let sig = if gv >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
-                    *o = gv * sig * uv;
-                }
+                silu_mul_row(&gs[r * i..(r + 1) * i], &us[r * i..(r + 1) * i], o);
             })
         })
     })??;
     Ok(Tensor::from_vec(out, (n, i), gate.device())?)
+}
+
+fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was just detected. The same IEEE operations, wider vectors.
+        return unsafe { silu_mul_row_avx512(g, u, o) };
+    }
+    silu_mul_row_body(g, u, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_mul_row_avx512(g: &[f32], u: &[f32], o: &mut [f32]) {
+    silu_mul_row_body(g, u, o)
+}
+
+#[inline(always)]
+fn silu_mul_row_body(g: &[f32], u: &[f32], o: &mut [f32]) {
+    for ((o, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+        let e = exp(-gv.abs());
+        let sig = if gv >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
+        *o = gv * sig * uv;
+    }
 }
 
 /// `a + b` for two `[n, h]` tensors.
