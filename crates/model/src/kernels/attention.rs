@@ -8,7 +8,9 @@
 //! position order in blocks of `block_size` positions — never on the batch, the prefill chunking
 //! or which physical blocks hold the data, so batching cannot change a request's tokens.
 
-use rayon::prelude::*;
+use std::sync::OnceLock;
+
+use super::pool;
 
 /// Query tokens per task: enough tasks for the threads on one long prompt, few per decode.
 const QUERY_TILE: usize = 16;
@@ -54,19 +56,23 @@ pub fn paged_attention(
             }
         }
     }
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(s, h, t0, t1)| {
-            let task = Task { q, q_heads, seq: &seqs[s], kv, h, t0, t1, window, scale };
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F was just detected.
-                return unsafe { task.run_avx512() };
-            }
-            task.run()
-        })
-        .collect();
-    for (&(s, h, t0, t1), res) in tasks.iter().zip(results) {
+    let compute = |i: usize| {
+        let (s, h, t0, t1) = tasks[i];
+        let task = Task { q, q_heads, seq: &seqs[s], kv, h, t0, t1, window, scale };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was just detected.
+            return unsafe { task.run_avx512() };
+        }
+        task.run()
+    };
+    let results: Vec<OnceLock<Vec<f32>>> = tasks.iter().map(|_| OnceLock::new()).collect();
+    pool::run(tasks.len(), |i| {
+        let _ = results[i].set(compute(i));
+    });
+    for (i, (&(s, h, t0, t1), res)) in tasks.iter().zip(results).enumerate() {
+        // `run` runs every task, so each result is there; recomputing is the fallback.
+        let res = res.into_inner().unwrap_or_else(|| compute(i));
         let row0 = seqs[s].row;
         for t in t0..t1 {
             let src = &res[(t - t0) * g * d..][..g * d];

@@ -18,9 +18,9 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
-use rayon::prelude::*;
+use std::sync::OnceLock;
 
-use super::by_panel_stripes;
+use super::{by_panel_stripes, pool};
 
 pub const QK: usize = 32;
 const COLS: usize = 16;
@@ -221,7 +221,13 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
     let off = w.format.offset();
     // Rows quantize independently; a prompt's worth is worth splitting across the threads.
     let rows: Vec<QuantRow> = if m >= 8 {
-        x.par_chunks_exact(w.inp).map(|r| quantize_row(isa, r, off)).collect()
+        let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
+        pool::run(m, |r| {
+            let _ = done[r].set(quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp], off));
+        });
+        // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
+        let redo = |r: usize| quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp], off);
+        done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
     } else {
         x.chunks_exact(w.inp).map(|r| quantize_row(isa, r, off)).collect()
     };

@@ -4,11 +4,10 @@
 pub mod attention;
 pub mod matmul_f32;
 pub mod matmul_q8;
+pub mod pool;
 pub mod rowwise;
 
 use std::marker::PhantomData;
-
-use rayon::prelude::*;
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
@@ -62,10 +61,11 @@ pub(crate) fn by_panel_stripes(
 ) {
     assert!(y.len() >= m * cols, "output too short");
     let panels = cols.div_ceil(width);
-    let per_task = panels.div_ceil(rayon::current_num_threads().max(1) * 4).max(1).next_multiple_of(group);
+    let per_task = panels.div_ceil(pool::threads() * 4).max(1).next_multiple_of(group);
     let (ptr, len) = (SendPtr(y.as_mut_ptr()), y.len());
     let ptr = &ptr;
-    (0..panels).step_by(per_task).collect::<Vec<_>>().into_par_iter().for_each(|p0| {
+    pool::run(panels.div_ceil(per_task), |task| {
+        let p0 = task * per_task;
         let p1 = (p0 + per_task).min(panels);
         let mut stripe =
             Stripe { y: ptr.0, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };

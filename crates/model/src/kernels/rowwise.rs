@@ -6,9 +6,10 @@
 //! only on its own row, in a fixed order, so batching cannot change it.
 
 use candle_core::{DType, Storage, Tensor};
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::attention::exp;
+use super::pool;
 use crate::error::Result;
 
 /// Rows per parallel task: below this many rows in all, one thread does the work.
@@ -30,7 +31,10 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 /// `out[r] = op(row r of each input)` for `[n, width]` inputs, split across threads by rows.
 fn map_rows(n: usize, width: usize, out: &mut [f32], op: impl Fn(usize, &mut [f32]) + Sync) {
     if n >= 2 * ROWS_PER_TASK {
-        out.par_chunks_mut(width * ROWS_PER_TASK).enumerate().for_each(|(c, chunk)| {
+        let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(width * ROWS_PER_TASK).map(Mutex::new).collect();
+        pool::run(chunks.len(), |c| {
+            // Each task locks only its own chunk: never contended.
+            let mut chunk = chunks[c].lock().unwrap_or_else(|e| e.into_inner());
             for (i, row) in chunk.chunks_exact_mut(width).enumerate() {
                 op(c * ROWS_PER_TASK + i, row);
             }
