@@ -25,6 +25,10 @@ use flint_model::synth::{synth, SynthOptions, SHAPES};
 #[derive(Parser)]
 #[command(name = "flint", version, about = "An inference server for Qwen2-family models")]
 struct Cli {
+    /// Threads for the CPU kernels, the calling thread included (default: FLINT_THREADS, else
+    /// every CPU this process may use).
+    #[arg(long, global = true, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
@@ -123,6 +127,9 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    if let Some(n) = cli.threads {
+        flint_model::kernels::pool::set_threads(n as usize);
+    }
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => run_generate(a),

@@ -56,7 +56,7 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
     // SAFETY (lifetime erasure): the pointer is only dereferenced by workers that took a
     // reference under `shared.slot` while it was published, and this function waits for all of
     // them to give it back (`refs == 0`) before `job` and `f` go out of scope.
-    let ptr = &job as *const Job as *const Job<'static>;
+    let ptr: *const Job<'static> = (&job as *const Job).cast();
     {
         let mut slot = lock(&pool.shared.slot);
         slot.job = Some(JobPtr(ptr));
