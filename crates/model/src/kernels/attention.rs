@@ -118,6 +118,25 @@ impl Task<'_> {
         for t in self.t0..self.t1 {
             let pos = seq.context_len + t;
             let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            // All the query heads of this KV head at once, so each key/value block is read
+            // from memory once, not once per head.
+            #[cfg(target_arch = "x86_64")]
+            if AVX512 && bs == 16 && g <= x86::MAX_GROUP {
+                let q0 = ((seq.row + t) * self.q_heads + self.h * g) * d;
+                let out = &mut res[(t - self.t0) * g * d..][..g * d];
+                // SAFETY: as below; `q0..q0 + g·d` are this token's query heads for KV head `h`.
+                match d {
+                    64 => {
+                        unsafe { x86::attend_heads::<64>(self, g, lo, pos, &self.q[q0..q0 + g * d], out) };
+                        continue;
+                    }
+                    128 => {
+                        unsafe { x86::attend_heads::<128>(self, g, lo, pos, &self.q[q0..q0 + g * d], out) };
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             for j in 0..g {
                 let qrow = &self.q[((seq.row + t) * self.q_heads + self.h * g + j) * d..][..d];
                 let out = &mut res[((t - self.t0) * g + j) * d..][..d];
@@ -295,6 +314,85 @@ mod x86 {
         _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
     }
 
+    /// The most query heads per KV head [`attend_heads`] takes (Qwen2 models have 5 to 8).
+    pub(super) const MAX_GROUP: usize = 8;
+
+    /// [`attend_row`] for the `g` query heads of one token that share a KV head, block by block:
+    /// each head's arithmetic is exactly `attend_row`'s, only interleaved with the others', so a
+    /// key/value block is loaded once for all of them. Per-head state lives in small arrays.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend_heads<const D: usize>(
+        task: &Task,
+        g: usize,
+        lo: usize,
+        pos: usize,
+        qrows: &[f32],
+        out: &mut [f32],
+    ) {
+        const BS: usize = 16;
+        let (kv, seq) = (task.kv, task.seq);
+        let hkv = kv.kv_heads;
+        let nv = D / 16;
+        let mut acc = [[_mm512_setzero_ps(); 8]; MAX_GROUP];
+        let (mut max, mut denom) = ([f32::NEG_INFINITY; MAX_GROUP], [0f32; MAX_GROUP]);
+        let mut p = [0f32; BS];
+        for b in lo / BS..=pos / BS {
+            let blk = (seq.blocks[b] as usize * hkv + task.h) * BS * D;
+            let (kb, vbase) = (kv.k.as_ptr().add(blk), kv.v.as_ptr().add(blk));
+            let (first, last) = ((b * BS).max(lo) - b * BS, ((b + 1) * BS - 1).min(pos) - b * BS);
+            let live: __mmask16 = ((1u32 << (last + 1)) - (1u32 << first)) as __mmask16;
+            for j in 0..g {
+                let q = qrows.as_ptr().add(j * D);
+                let mut s = [_mm512_setzero_ps(); 4];
+                for dd in (0..D).step_by(4) {
+                    for u in 0..4 {
+                        let k = _mm512_loadu_ps(kb.add((dd + u) * BS));
+                        s[u] = _mm512_add_ps(s[u], _mm512_mul_ps(_mm512_set1_ps(*q.add(dd + u)), k));
+                    }
+                }
+                let sc = _mm512_mul_ps(
+                    _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
+                    _mm512_set1_ps(task.scale),
+                );
+                let block_max = _mm512_mask_reduce_max_ps(live, sc);
+                let new_max = max[j].max(block_max);
+                let correction = super::exp(max[j] - new_max);
+                let mut a = [_mm512_setzero_ps(); 8];
+                for c in 0..nv {
+                    a[c] = acc[j][c];
+                }
+                if correction != 1.0 {
+                    denom[j] *= correction;
+                    let cv = _mm512_set1_ps(correction);
+                    for c in 0..nv {
+                        a[c] = _mm512_mul_ps(a[c], cv);
+                    }
+                }
+                max[j] = new_max;
+                _mm512_storeu_ps(p.as_mut_ptr(), exp16(_mm512_sub_ps(sc, _mm512_set1_ps(new_max))));
+                for i in first..=last {
+                    let pi = p[i];
+                    denom[j] += pi;
+                    let pv = _mm512_set1_ps(pi);
+                    let vrow = vbase.add(i * D);
+                    for c in 0..nv {
+                        a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(pv, _mm512_loadu_ps(vrow.add(c * 16))));
+                    }
+                }
+                for c in 0..nv {
+                    acc[j][c] = a[c];
+                }
+            }
+        }
+        for j in 0..g {
+            let inv = _mm512_set1_ps(1.0 / denom[j]);
+            for c in 0..nv {
+                _mm512_storeu_ps(out.as_mut_ptr().add(j * D + c * 16), _mm512_mul_ps(acc[j][c], inv));
+            }
+        }
+    }
+
     /// [`Task::attend_row`] for 16-slot blocks and a head size `D` (a multiple of 16, ≤ 128): the
     /// scores of a block in four partial-sum registers, the output in `D / 16` registers.
     #[allow(clippy::too_many_arguments)]
@@ -373,15 +471,16 @@ mod tests {
     /// for bit, on scattered block tables, prefix + new tokens, with and without a window.
     #[test]
     fn paths_agree_bit_for_bit_and_match_a_plain_softmax() {
-        for (d, bs) in [(64, 16), (128, 16), (32, 16), (64, 8)] {
+        // g = 3 takes the all-heads AVX-512 body, g = 9 the per-head one.
+        for (d, bs, g) in [(64, 16, 3), (128, 16, 3), (64, 16, 9), (128, 16, 9), (32, 16, 3), (64, 8, 3)] {
             for window in [None, Some(21)] {
-                check(d, bs, window);
+                check(d, bs, g, window);
             }
         }
     }
 
-    fn check(d: usize, bs: usize, window: Option<usize>) {
-        let (hkv, g, num_blocks) = (2, 3, 12);
+    fn check(d: usize, bs: usize, g: usize, window: Option<usize>) {
+        let (hkv, num_blocks) = (2, 12);
         let q_heads = hkv * g;
         let k = data(num_blocks * hkv * bs * d, 1);
         let v = data(num_blocks * hkv * bs * d, 2);
