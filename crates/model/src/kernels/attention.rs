@@ -359,9 +359,7 @@ mod x86 {
                 let new_max = max[j].max(block_max);
                 let correction = super::exp(max[j] - new_max);
                 let mut a = [_mm512_setzero_ps(); 8];
-                for c in 0..nv {
-                    a[c] = acc[j][c];
-                }
+                a[..nv].copy_from_slice(&acc[j][..nv]);
                 if correction != 1.0 {
                     denom[j] *= correction;
                     let cv = _mm512_set1_ps(correction);
@@ -380,9 +378,7 @@ mod x86 {
                         a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(pv, _mm512_loadu_ps(vrow.add(c * 16))));
                     }
                 }
-                for c in 0..nv {
-                    acc[j][c] = a[c];
-                }
+                acc[j][..nv].copy_from_slice(&a[..nv]);
             }
         }
         for j in 0..g {
