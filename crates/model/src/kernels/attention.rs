@@ -342,6 +342,16 @@ mod x86 {
             let (kb, vbase) = (kv.k.as_ptr().add(blk), kv.v.as_ptr().add(blk));
             let (first, last) = ((b * BS).max(lo) - b * BS, ((b + 1) * BS - 1).min(pos) - b * BS);
             let live: __mmask16 = ((1u32 << (last + 1)) - (1u32 << first)) as __mmask16;
+            // The next block is somewhere else in the pool (the table is indirect, so the
+            // hardware prefetcher cannot guess it): fetch it while this one is computed.
+            if b < pos / BS {
+                let next = (seq.blocks[b + 1] as usize * hkv + task.h) * BS * D;
+                let (nk, nv_) = (kv.k.as_ptr().add(next) as *const i8, kv.v.as_ptr().add(next) as *const i8);
+                for line in (0..BS * D * 4).step_by(64) {
+                    _mm_prefetch(nk.add(line), _MM_HINT_T0);
+                    _mm_prefetch(nv_.add(line), _MM_HINT_T0);
+                }
+            }
             for j in 0..g {
                 let q = qrows.as_ptr().add(j * D);
                 let mut s = [_mm512_setzero_ps(); 4];
