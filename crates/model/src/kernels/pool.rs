@@ -6,8 +6,13 @@
 //! switch per call; these workers spin on a generation counter for a short while first (as
 //! llama.cpp's do) and only then park. Which thread runs which task never changes a result:
 //! every task writes its own outputs, computed whole.
+//!
+//! A task that panics does not take a worker down or leave the caller waiting: the panic is
+//! caught, the other tasks finish, and `run` then panics on the caller's thread, where the
+//! engine's per-step recovery sees it like any other failure.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -52,7 +57,7 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
         (0..n).for_each(&f);
         return;
     };
-    let job = Job { f: &f, n, next: AtomicUsize::new(0), done: AtomicUsize::new(0) };
+    let job = Job { f: &f, n, next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: AtomicBool::new(false) };
     // SAFETY (lifetime erasure): the pointer is only dereferenced by workers that took a
     // reference under `shared.slot` while it was published, and this function waits for all of
     // them to give it back (`refs == 0`) before `job` and `f` go out of scope.
@@ -74,6 +79,9 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
     while pool.shared.refs.load(Ordering::Acquire) != 0 {
         std::hint::spin_loop();
     }
+    if job.panicked.load(Ordering::Acquire) {
+        panic!("a CPU kernel task panicked");
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -87,6 +95,7 @@ struct Job<'a> {
     n: usize,
     next: AtomicUsize,
     done: AtomicUsize,
+    panicked: AtomicBool,
 }
 
 impl Job<'_> {
@@ -96,7 +105,9 @@ impl Job<'_> {
             if i >= self.n {
                 return;
             }
-            (self.f)(i);
+            if catch_unwind(AssertUnwindSafe(|| (self.f)(i))).is_err() {
+                self.panicked.store(true, Ordering::Release);
+            }
             self.done.fetch_add(1, Ordering::Release);
         }
     }
@@ -183,6 +194,23 @@ fn worker(s: &Shared) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn a_panicking_task_fails_the_call_not_the_pool() {
+        let r = std::panic::catch_unwind(|| {
+            run(16, |i| {
+                if i == 5 {
+                    panic!("task 5");
+                }
+            })
+        });
+        assert!(r.is_err(), "the panic reaches the caller");
+        let hits = AtomicU64::new(0);
+        run(16, |_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 16, "the pool still runs jobs");
+    }
 
     #[test]
     fn every_task_runs_exactly_once_even_with_concurrent_callers() {

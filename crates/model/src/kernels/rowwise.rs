@@ -12,8 +12,8 @@ use super::attention::exp;
 use super::pool;
 use crate::error::Result;
 
-/// Rows per parallel task: below this many rows in all, one thread does the work.
-const ROWS_PER_TASK: usize = 16;
+/// Below this many elements in all, one thread does the work.
+const PARALLEL_MIN: usize = 16_384;
 
 /// Run `f` on `t`'s values as one f32 slice: the tensor's own buffer when it is a contiguous f32
 /// CPU tensor, else a converted copy.
@@ -30,13 +30,14 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 
 /// `out[r] = op(row r of each input)` for `[n, width]` inputs, split across threads by rows.
 fn map_rows(n: usize, width: usize, out: &mut [f32], op: impl Fn(usize, &mut [f32]) + Sync) {
-    if n >= 2 * ROWS_PER_TASK {
-        let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(width * ROWS_PER_TASK).map(Mutex::new).collect();
+    if n > 1 && n * width >= PARALLEL_MIN {
+        let per = n.div_ceil(2 * pool::threads());
+        let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(width * per).map(Mutex::new).collect();
         pool::run(chunks.len(), |c| {
             // Each task locks only its own chunk: never contended.
             let mut chunk = chunks[c].lock().unwrap_or_else(|e| e.into_inner());
             for (i, row) in chunk.chunks_exact_mut(width).enumerate() {
-                op(c * ROWS_PER_TASK + i, row);
+                op(c * per + i, row);
             }
         });
     } else {
@@ -188,7 +189,7 @@ mod tests {
     /// threaded path, and a row's result must not depend on how many rows came with it.
     #[test]
     fn ops_match_candle_and_rows_are_independent() {
-        for n in [1, 3, 40] {
+        for n in [1, 3, 300] {
             let h = 72;
             let (x, y, w) = (
                 t(data(n * h, 1), n, h),
