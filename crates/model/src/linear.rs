@@ -2,6 +2,7 @@
 //! CPU go through flint's own batch-invariant kernel ([`crate::kernels::matmul_f32`]); other
 //! dtypes and devices through candle (whose quantized CPU kernels are already row-independent).
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -64,10 +65,10 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
             Linear::Packed { w, b } => {
-                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_f32::matmul(xs, m, w, y))
+                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_f32::matmul_uninit(xs, m, w, y))
             }
             Linear::PackedQ8 { w, b } => {
-                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_q8::matmul(xs, m, w, y))
+                return on_cpu(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_q8::matmul_uninit(xs, m, w, y))
             }
             Linear::Dense { w, b } => (x.matmul(&w.t()?)?, b),
             Linear::Quantized { w, b } => {
@@ -84,12 +85,22 @@ impl Linear {
     }
 }
 
-/// Run one of flint's CPU kernels (`kernel(x, rows, y)`, f32 slices) on `x` `[n, in]`, reading
-/// `x` in place when it is f32, and add the bias.
-fn on_cpu(x: &Tensor, out: usize, bias: Option<&Tensor>, kernel: impl Fn(&[f32], usize, &mut [f32])) -> Result<Tensor> {
+/// Run one of flint's CPU kernels (`kernel(x, rows, y)`, which writes all of `y`) on `x`
+/// `[n, in]`, reading `x` in place when it is f32, and add the bias.
+fn on_cpu(
+    x: &Tensor,
+    out: usize,
+    bias: Option<&Tensor>,
+    kernel: impl Fn(&[f32], usize, &mut [MaybeUninit<f32>]),
+) -> Result<Tensor> {
     let (m, _) = x.dims2()?;
-    let mut y = vec![0f32; m * out];
-    with_f32(x, |xs| kernel(xs, m, &mut y))?;
+    // Not zero-filled first: for the lm_head of a batch that alone is megabytes per step.
+    let mut y: Vec<f32> = Vec::with_capacity(m * out);
+    with_f32(x, |xs| kernel(xs, m, &mut y.spare_capacity_mut()[..m * out]))?;
+    // SAFETY: the kernels write every one of the `m · out` outputs (each panel stripe puts every
+    // row of every panel in its range, and the stripes cover all panels); `with_f32` only
+    // returns Ok after running the kernel.
+    unsafe { y.set_len(m * out) };
     if let Some(b) = bias {
         with_f32(b, |bs| y.chunks_exact_mut(out).for_each(|row| row.iter_mut().zip(bs).for_each(|(v, b)| *v += b)))?;
     }

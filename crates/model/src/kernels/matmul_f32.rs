@@ -12,7 +12,9 @@
 //! widening bf16 to f32 is exact (a 16-bit shift), so the products, and the bits, are those of
 //! the same weights upcast to f32.
 
-use super::by_panel_stripes;
+use std::mem::MaybeUninit;
+
+use super::{as_uninit, by_panel_stripes};
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
 pub const PANEL: usize = 16;
@@ -139,9 +141,18 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
     matmul_with(detect_isa(), x, m, w, y)
 }
 
+/// [`matmul`] into an uninitialised `y`; every one of its `m · out` values is written.
+pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
+    run(detect_isa(), x, m, w, y)
+}
+
 /// [`matmul`] with an explicit instruction set (tests compare them bit for bit). One this CPU
 /// lacks falls back to the scalar path, which gives the same bits.
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
+    run(isa, x, m, w, as_uninit(y))
+}
+
+fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
     let isa = if supported(isa) { isa } else { Isa::Scalar };
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
@@ -477,6 +488,24 @@ mod tests {
         let mut r = [0f32; 45];
         pb.row(30, &mut r);
         assert_eq!(&r[..], &up[30 * inp..31 * inp]);
+    }
+
+    /// `matmul_uninit` writes every output (the caller treats the buffer as initialised after).
+    #[test]
+    fn uninit_output_is_fully_written() {
+        for (out, inp) in [(37, 29), (16, 8), (130, 5)] {
+            let p = PackedF32::pack(&data(out * inp, 21), out, inp);
+            for m in [1, 7, 8, 9, 20] {
+                let x = data(m * inp, 22);
+                let mut want = vec![0f32; m * out];
+                matmul(&x, m, &p, &mut want);
+                let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
+                matmul_uninit(&x, m, &p, &mut y);
+                // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
+                let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+                assert_eq!(got, want, "{out}x{inp} m={m}");
+            }
+        }
     }
 
     #[test]

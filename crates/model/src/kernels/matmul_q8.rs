@@ -18,9 +18,10 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
-use super::{by_panel_stripes, pool};
+use super::{as_uninit, by_panel_stripes, pool};
 
 pub const QK: usize = 32;
 const COLS: usize = 16;
@@ -213,8 +214,17 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
     matmul_with(detect_isa(), x, m, w, y)
 }
 
+/// [`matmul`] into an uninitialised `y`; every one of its `m · out` values is written.
+pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
+    run(detect_isa(), x, m, w, y)
+}
+
 /// [`matmul`] on a chosen path (an unsupported one falls back to scalar: same bits).
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
+    run(isa, x, m, w, as_uninit(y))
+}
+
+fn run(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
     let isa = if isa == Isa::Vnni && detect_isa() != Isa::Vnni { Isa::Scalar } else { isa };
     assert_eq!(x.len(), m * w.inp, "q8 matmul input length");
     assert_eq!(y.len(), m * w.out, "q8 matmul output length");
@@ -504,6 +514,23 @@ mod tests {
             let mut y = vec![0f32; m * out];
             matmul(&x, m, &p, &mut y);
             assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "m={m}");
+        }
+    }
+
+    /// `matmul_uninit` writes every output (the caller treats the buffer as initialised after).
+    #[test]
+    fn uninit_output_is_fully_written() {
+        let (out, inp) = (37, 64);
+        let p = PackedQ8::from_ggml(Format::Q8_0, &q8_blocks(&data(out * inp, 31), out, inp), out, inp).unwrap();
+        for m in [1, 7, 8, 9, 20] {
+            let x = data(m * inp, 32);
+            let mut want = vec![0f32; m * out];
+            matmul(&x, m, &p, &mut want);
+            let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
+            matmul_uninit(&x, m, &p, &mut y);
+            // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
+            let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+            assert_eq!(got, want, "m={m}");
         }
     }
 

@@ -8,6 +8,7 @@ pub mod pool;
 pub mod rowwise;
 
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
@@ -42,6 +43,13 @@ impl Stripe<'_> {
     }
 }
 
+/// View an initialised output as one the kernels may overwrite (same layout; they only write).
+pub(crate) fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every value written through the view
+    // is an initialised f32, so `y` stays initialised.
+    unsafe { &mut *(y as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 struct SendPtr(*mut f32);
 // SAFETY: only used to hand `y` to the stripes, whose writes are disjoint (see `Stripe`).
 unsafe impl Sync for SendPtr {}
@@ -56,13 +64,13 @@ pub(crate) fn by_panel_stripes(
     cols: usize,
     width: usize,
     group: usize,
-    y: &mut [f32],
+    y: &mut [MaybeUninit<f32>],
     fill: impl Fn(usize, usize, &mut Stripe) + Sync,
 ) {
     assert!(y.len() >= m * cols, "output too short");
     let panels = cols.div_ceil(width);
     let per_task = panels.div_ceil(pool::threads() * 4).max(1).next_multiple_of(group);
-    let (ptr, len) = (SendPtr(y.as_mut_ptr()), y.len());
+    let (ptr, len) = (SendPtr(y.as_mut_ptr().cast::<f32>()), y.len());
     let ptr = &ptr;
     pool::run(panels.div_ceil(per_task), |task| {
         let p0 = task * per_task;
