@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::detokenizer::IncrementalDecoder;
@@ -314,6 +314,16 @@ impl<R: ModelRunner> EngineCore<R> {
 
     fn process(&mut self, plan: &StepPlan, logits: &StepLogits) {
         let mut row = 0;
+        let mut picks = Vec::new();
+        for chunk in &plan.chunks {
+            let rows = if chunk.all_logits { chunk.tokens.len() } else { usize::from(chunk.sample) };
+            row += rows;
+            if chunk.sample {
+                picks.push((chunk.seq, row - 1));
+            }
+        }
+        let mut drawn = self.draw(&picks, logits);
+        let mut row = 0;
         for chunk in &plan.chunks {
             let rows = if chunk.all_logits { chunk.tokens.len() } else { usize::from(chunk.sample) };
             let first_row = row;
@@ -322,9 +332,40 @@ impl<R: ModelRunner> EngineCore<R> {
                 self.collect_prompt_logprobs(chunk.seq, chunk.context_len, first_row, rows, logits);
             }
             if chunk.sample {
-                self.sample_next(chunk.seq, logits.row(row - 1));
+                if let Some((tok, lp)) = drawn.remove(&chunk.seq) {
+                    self.sample_next(chunk.seq, tok, lp);
+                }
             }
         }
+    }
+
+    /// Draw the next token (and its logprobs, if asked) of every `(seq, logits row)` at once,
+    /// spread over the kernel threads: each sample's sampler is its own state (its own seeded
+    /// generator), so the draws do not depend on which thread makes them or in what order.
+    fn draw(&mut self, picks: &[(SeqId, usize)], logits: &StepLogits) -> HashMap<SeqId, (u32, Vec<TokenLogprobs>)> {
+        type Slot<'a> = Mutex<(SeqId, &'a mut Sample, usize, Option<(u32, Vec<TokenLogprobs>)>)>;
+        let rows: HashMap<SeqId, usize> = picks.iter().copied().collect();
+        let valid_vocab = self.info.valid_vocab;
+        let work: Vec<Slot> = self
+            .samples
+            .iter_mut()
+            .filter_map(|(&seq, s)| rows.get(&seq).map(|&r| Mutex::new((seq, s, r, None))))
+            .collect();
+        flint_model::kernels::pool::run(work.len(), |i| {
+            let mut slot = work[i].lock().unwrap_or_else(|e| e.into_inner());
+            let (_, s, r, out) = &mut *slot;
+            let row = logits.row(*r);
+            let banned: &[u32] = if s.generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+            let tok = s.sampler.sample(row, banned);
+            let lp = s.params.logprobs.map(|k| token_logprobs(row, valid_vocab, tok, k)).into_iter().collect();
+            *out = Some((tok, lp));
+        });
+        work.into_iter()
+            .filter_map(|m| {
+                let (seq, _, _, out) = m.into_inner().unwrap_or_else(|e| e.into_inner());
+                out.map(|o| (seq, o))
+            })
+            .collect()
     }
 
     fn collect_prompt_logprobs(&mut self, seq: SeqId, ctx: usize, first_row: usize, rows: usize, logits: &StepLogits) {
@@ -341,12 +382,9 @@ impl<R: ModelRunner> EngineCore<R> {
         }
     }
 
-    fn sample_next(&mut self, seq: SeqId, row: &[f32]) {
+    /// Record the drawn token `tok` of `seq`: detokenize, match stops, emit, finish.
+    fn sample_next(&mut self, seq: SeqId, tok: u32, logprobs: Vec<TokenLogprobs>) {
         let Some(s) = self.samples.get_mut(&seq) else { return };
-        let banned: &[u32] = if s.generated < s.params.min_tokens { &s.stop_ids } else { &[] };
-        let tok = s.sampler.sample(row, banned);
-        let logprobs: Vec<TokenLogprobs> =
-            s.params.logprobs.map(|k| token_logprobs(row, self.info.valid_vocab, tok, k)).into_iter().collect();
         s.sampler.record(tok);
         s.generated += 1;
         self.counters.generation_tokens += 1;
