@@ -409,6 +409,7 @@ mod tests {
     }
 
     fn isas() -> Vec<Isa> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
