@@ -1,6 +1,7 @@
-//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. f32 weights on the
-//! CPU go through flint's own batch-invariant kernel ([`crate::kernels::matmul_f32`]); other
-//! dtypes and devices through candle (whose quantized CPU kernels are already row-independent).
+//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. On the CPU, f32 and
+//! bf16 weights go through flint's batch-invariant f32 kernel ([`crate::kernels::matmul_f32`]),
+//! Q8_0/Q4_0 through its int8 kernel ([`crate::kernels::matmul_q8`]); other types and devices
+//! through candle (whose quantized CPU kernels are row-independent too).
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;

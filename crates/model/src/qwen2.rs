@@ -155,8 +155,8 @@ impl Qwen2Model {
     }
 
     /// True when a sequence's logits cannot depend on the rest of its batch: every projection
-    /// runs a row-independent kernel (f32 on the CPU, or GGUF-quantized). bf16/f16 compute goes
-    /// through candle's dense matmul and is not.
+    /// runs a row-independent kernel (f32 or bf16 weights on the CPU, or GGUF-quantized). f16
+    /// weights, and dense weights on other devices, go through candle's dense matmul, which is not.
     pub fn is_batch_invariant(&self) -> bool {
         self.lm_head.is_row_independent()
             && self.layers.iter().all(|l| {

@@ -136,7 +136,7 @@ fn supported(isa: Isa) -> bool {
     }
 }
 
-/// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across rayon's threads; rows are tiled by eight.
+/// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across the kernel pool's threads; rows are tiled by eight.
 pub fn matmul(x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
     matmul_with(detect_isa(), x, m, w, y)
 }
