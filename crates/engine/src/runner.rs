@@ -50,12 +50,7 @@ impl ModelRunner for PagedModelRunner {
             batch.push_paged(c.seq as usize, c.context_len, &c.tokens, rows, c.blocks.clone());
         }
         let width = self.model.config().vocab_size;
-        match self.model.forward(&batch, &mut self.cache)? {
-            None => Ok(StepLogits { width, data: Vec::new() }),
-            Some(t) => {
-                let data = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(flint_model::ModelError::from)?;
-                Ok(StepLogits { width, data })
-            }
-        }
+        let data = self.model.forward_logits(&batch, &mut self.cache)?.unwrap_or_default();
+        Ok(StepLogits { width, data })
     }
 }

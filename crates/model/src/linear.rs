@@ -62,6 +62,20 @@ impl Linear {
         !matches!(self, Linear::Dense { .. })
     }
 
+    /// [`forward`](Self::forward) as a flat f32 `Vec` `[n · out]` when one of flint's CPU
+    /// kernels computes it (no copy out of a tensor); `None` for the candle paths.
+    pub fn forward_vec(&self, x: &Tensor) -> Result<Option<Vec<f32>>> {
+        Ok(match self {
+            Linear::Packed { w, b } => {
+                Some(on_cpu_vec(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_f32::matmul_uninit(xs, m, w, y))?)
+            }
+            Linear::PackedQ8 { w, b } => {
+                Some(on_cpu_vec(x, w.out_features(), b.as_ref(), |xs, m, y| matmul_q8::matmul_uninit(xs, m, w, y))?)
+            }
+            Linear::Dense { .. } | Linear::Quantized { .. } => None,
+        })
+    }
+
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
@@ -94,6 +108,17 @@ fn on_cpu(
     bias: Option<&Tensor>,
     kernel: impl Fn(&[f32], usize, &mut [MaybeUninit<f32>]),
 ) -> Result<Tensor> {
+    let y = Tensor::from_vec(on_cpu_vec(x, out, bias, kernel)?, (x.dim(0)?, out), x.device())?;
+    Ok(if x.dtype() == DType::F32 { y } else { y.to_dtype(x.dtype())? })
+}
+
+/// [`on_cpu`]'s result as the plain `[n · out]` vector.
+fn on_cpu_vec(
+    x: &Tensor,
+    out: usize,
+    bias: Option<&Tensor>,
+    kernel: impl Fn(&[f32], usize, &mut [MaybeUninit<f32>]),
+) -> Result<Vec<f32>> {
     let (m, _) = x.dims2()?;
     // Not zero-filled first: for the lm_head of a batch that alone is megabytes per step.
     let mut y: Vec<f32> = Vec::with_capacity(m * out);
@@ -105,8 +130,7 @@ fn on_cpu(
     if let Some(b) = bias {
         with_f32(b, |bs| y.chunks_exact_mut(out).for_each(|row| row.iter_mut().zip(bs).for_each(|(v, b)| *v += b)))?;
     }
-    let y = Tensor::from_vec(y, (m, out), x.device())?;
-    Ok(if x.dtype() == DType::F32 { y } else { y.to_dtype(x.dtype())? })
+    Ok(y)
 }
 
 /// Repack a CPU Q8_0 or Q4_0 `[out, in]` weight for flint's int8 kernel; `None` for other types.

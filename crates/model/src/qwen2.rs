@@ -169,6 +169,27 @@ impl Qwen2Model {
     /// Run one batch. Returns f32 logits `[rows, vocab_size]` for `batch.logit_rows()`, in order
     /// (`None` when no sequence asked for any).
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
+        match self.last_hidden(batch, cache)? {
+            None => Ok(None),
+            Some(last) => Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?)),
+        }
+    }
+
+    /// [`forward`](Self::forward) with the logits as one flat `Vec` `[rows · vocab_size]`: on the
+    /// CPU the lm_head kernel's own output, with no copy out of a tensor (megabytes per step
+    /// for a batch of decodes).
+    pub fn forward_logits(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Vec<f32>>> {
+        let Some(last) = self.last_hidden(batch, cache)? else { return Ok(None) };
+        if self.cpu_f32() {
+            if let Some(v) = self.lm_head.forward_vec(&last)? {
+                return Ok(Some(v));
+            }
+        }
+        Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
+    }
+
+    /// The final-normed hidden states of `batch.logit_rows()` (`None` if there are none).
+    fn last_hidden(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
         batch.validate()?;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
             return Err(ModelError::Batch(format!(
@@ -225,7 +246,7 @@ impl Qwen2Model {
         } else {
             self.norm.forward(&last)?
         };
-        Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?))
+        Ok(Some(last))
     }
 
     /// f32 on the CPU: the hidden state stays f32 and the row-wise ops are flint's own.
