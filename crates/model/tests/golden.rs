@@ -132,6 +132,9 @@ fn run_reference_on(model: &Qwen2Model, reference: &Reference, decisive: f32, pa
         let mut batch = ForwardBatch::new();
         push(&mut batch, paged, 0, 0, &prompt, LogitsRows::All, total);
         let logits = to_rows(&model.forward(&batch, cache.as_mut()).unwrap().unwrap());
+        // The engine's entry point (logits as a flat vector) gives exactly the same numbers.
+        let flat = model.forward_logits(&batch, new_cache(model, paged).as_mut()).unwrap().unwrap();
+        assert_eq!(flat, logits.concat(), "forward_logits differs from forward");
         let want_rows = reference.rows(&format!("prefill_logits.{k}")).unwrap();
         let positions = &reference.i64s[&format!("prefill_rows.{k}")];
         for (row, &pos) in want_rows.iter().zip(positions) {
