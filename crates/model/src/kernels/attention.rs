@@ -114,51 +114,37 @@ impl Task<'_> {
         let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
         let g = self.q_heads / hkv;
         let mut res = vec![0f32; (self.t1 - self.t0) * g * d];
-        let mut scores = vec![0f32; bs];
+        let (mut scores, mut acc) = (vec![0f32; bs], vec![0f32; d]);
         for t in self.t0..self.t1 {
             let pos = seq.context_len + t;
             let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            // All the query heads of this KV head at once, so each key/value block is read
-            // from memory once, not once per head.
+            // The default block size and the usual head sizes have an explicit AVX-512 body, which
+            // takes the query heads of this KV head together (up to `MAX_GROUP` at a time), so
+            // each key/value block is read from memory once, not once per head. Everything else
+            // takes the portable body. Both do the same arithmetic in the same order.
             #[cfg(target_arch = "x86_64")]
-            if AVX512 && bs == 16 && g <= x86::MAX_GROUP {
+            if AVX512 && bs == 16 && (d == 64 || d == 128) {
                 let q0 = ((seq.row + t) * self.q_heads + self.h * g) * d;
                 let out = &mut res[(t - self.t0) * g * d..][..g * d];
-                // SAFETY: as below; `q0..q0 + g·d` are this token's query heads for KV head `h`.
-                match d {
-                    64 => {
-                        unsafe { x86::attend_heads::<64>(self, g, lo, pos, &self.q[q0..q0 + g * d], out) };
-                        continue;
+                for j0 in (0..g).step_by(x86::MAX_GROUP) {
+                    let heads = (g - j0).min(x86::MAX_GROUP);
+                    let (q, o) = (&self.q[q0 + j0 * d..][..heads * d], &mut out[j0 * d..][..heads * d]);
+                    // SAFETY: `AVX512` is only set by `run_avx512`, after detecting AVX-512F; `q`
+                    // and `o` hold `heads` rows of `d`, and the block table covers `0..=pos`.
+                    unsafe {
+                        if d == 64 {
+                            x86::attend_heads::<64>(self, heads, lo, pos, q, o)
+                        } else {
+                            x86::attend_heads::<128>(self, heads, lo, pos, q, o)
+                        }
                     }
-                    128 => {
-                        unsafe { x86::attend_heads::<128>(self, g, lo, pos, &self.q[q0..q0 + g * d], out) };
-                        continue;
-                    }
-                    _ => {}
                 }
+                continue;
             }
             for j in 0..g {
                 let qrow = &self.q[((seq.row + t) * self.q_heads + self.h * g + j) * d..][..d];
                 let out = &mut res[((t - self.t0) * g + j) * d..][..d];
-                // The default block size and the usual head sizes have an explicit AVX-512 body;
-                // everything else the portable one. Both do the same arithmetic in the same order.
-                #[cfg(target_arch = "x86_64")]
-                if AVX512 && bs == 16 {
-                    // SAFETY: `AVX512` is only set by `run_avx512`, after detecting AVX-512F;
-                    // `kt` holds the blocks `b0..` this row reads, `qrow` and `out` are `d` long.
-                    match d {
-                        64 => {
-                            unsafe { x86::attend_row::<64>(self, lo, pos, qrow, out) };
-                            continue;
-                        }
-                        128 => {
-                            unsafe { x86::attend_row::<128>(self, lo, pos, qrow, out) };
-                            continue;
-                        }
-                        _ => {}
-                    }
-                }
-                self.attend_row(vec![0f32; d], lo, pos, qrow, out, &mut scores);
+                self.attend_row(&mut acc, lo, pos, qrow, out, &mut scores);
             }
         }
         res
@@ -168,18 +154,10 @@ impl Task<'_> {
     /// the weighted values summed into `acc`, the normalised result written to `out`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn attend_row<A: AsMut<[f32]>>(
-        &self,
-        mut acc: A,
-        lo: usize,
-        pos: usize,
-        qrow: &[f32],
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
+    fn attend_row(&self, acc: &mut [f32], lo: usize, pos: usize, qrow: &[f32], out: &mut [f32], scores: &mut [f32]) {
         let (kv, seq) = (self.kv, self.seq);
         let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
-        let acc = acc.as_mut();
+        acc.fill(0.0);
         let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
         for b in lo / bs..=pos / bs {
             let kb = &kv.k[(seq.blocks[b] as usize * hkv + self.h) * d * bs..][..d * bs];
@@ -314,12 +292,14 @@ mod x86 {
         _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
     }
 
-    /// The most query heads per KV head [`attend_heads`] takes (Qwen2 models have 5 to 8).
+    /// The most query heads [`attend_heads`] takes at once (Qwen2 models have 5 to 8 per KV head).
     pub(super) const MAX_GROUP: usize = 8;
 
-    /// [`attend_row`] for the `g` query heads of one token that share a KV head, block by block:
-    /// each head's arithmetic is exactly `attend_row`'s, only interleaved with the others', so a
-    /// key/value block is loaded once for all of them. Per-head state lives in small arrays.
+    /// [`Task::attend_row`] for 16-slot blocks, a head size `D` (64 or 128) and `g ≤ MAX_GROUP`
+    /// query heads of one token that share a KV head, block by block: each head's arithmetic is
+    /// exactly `attend_row`'s (scores in four partial-sum registers, a 16-lane exp, the output
+    /// in `D / 16` registers), only interleaved with the others', so a key/value block is loaded
+    /// once for all of them. Per-head state lives in small arrays.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn attend_heads<const D: usize>(
@@ -398,63 +378,6 @@ mod x86 {
             }
         }
     }
-
-    /// [`Task::attend_row`] for 16-slot blocks and a head size `D` (a multiple of 16, ≤ 128): the
-    /// scores of a block in four partial-sum registers, the output in `D / 16` registers.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn attend_row<const D: usize>(task: &Task, lo: usize, pos: usize, qrow: &[f32], out: &mut [f32]) {
-        const BS: usize = 16;
-        let (kv, seq) = (task.kv, task.seq);
-        let hkv = kv.kv_heads;
-        let nv = D / 16;
-        let mut acc = [_mm512_setzero_ps(); 8];
-        let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
-        let q = qrow.as_ptr();
-        let mut p = [0f32; BS];
-        for b in lo / BS..=pos / BS {
-            let kb = kv.k.as_ptr().add((seq.blocks[b] as usize * hkv + task.h) * D * BS);
-            let mut s = [_mm512_setzero_ps(); 4];
-            for dd in (0..D).step_by(4) {
-                for u in 0..4 {
-                    let k = _mm512_loadu_ps(kb.add((dd + u) * BS));
-                    s[u] = _mm512_add_ps(s[u], _mm512_mul_ps(_mm512_set1_ps(*q.add(dd + u)), k));
-                }
-            }
-            let sc = _mm512_mul_ps(
-                _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
-                _mm512_set1_ps(task.scale),
-            );
-            let (first, last) = ((b * BS).max(lo) - b * BS, ((b + 1) * BS - 1).min(pos) - b * BS);
-            let live: __mmask16 = ((1u32 << (last + 1)) - (1u32 << first)) as __mmask16;
-            let block_max = _mm512_mask_reduce_max_ps(live, sc);
-            let new_max = max.max(block_max);
-            let correction = super::exp(max - new_max);
-            if correction != 1.0 {
-                denom *= correction;
-                let c = _mm512_set1_ps(correction);
-                for a in acc.iter_mut().take(nv) {
-                    *a = _mm512_mul_ps(*a, c);
-                }
-            }
-            max = new_max;
-            _mm512_storeu_ps(p.as_mut_ptr(), exp16(_mm512_sub_ps(sc, _mm512_set1_ps(max))));
-            let vbase = kv.v.as_ptr().add((seq.blocks[b] as usize * hkv + task.h) * BS * D);
-            for i in first..=last {
-                let pi = p[i];
-                denom += pi;
-                let pv = _mm512_set1_ps(pi);
-                let vrow = vbase.add(i * D);
-                for (c, a) in acc.iter_mut().enumerate().take(nv) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, _mm512_loadu_ps(vrow.add(c * 16))));
-                }
-            }
-        }
-        let inv = _mm512_set1_ps(1.0 / denom);
-        for (c, a) in acc.iter().enumerate().take(nv) {
-            _mm512_storeu_ps(out.as_mut_ptr().add(c * 16), _mm512_mul_ps(*a, inv));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -477,7 +400,7 @@ mod tests {
     /// for bit, on scattered block tables, prefix + new tokens, with and without a window.
     #[test]
     fn paths_agree_bit_for_bit_and_match_a_plain_softmax() {
-        // g = 3 takes the all-heads AVX-512 body, g = 9 the per-head one.
+        // g = 3 takes the AVX-512 body in one pass over the heads, g = 9 in two (8 + 1).
         for (d, bs, g) in [(64, 16, 3), (128, 16, 3), (64, 16, 9), (128, 16, 9), (32, 16, 3), (64, 8, 3)] {
             for window in [None, Some(21)] {
                 check(d, bs, g, window);

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use super::attention::exp;
 use super::pool;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// Below this many elements in all, one thread does the work.
 const PARALLEL_MIN: usize = 16_384;
@@ -65,37 +65,41 @@ fn sum_sq(x: &[f32]) -> f32 {
     s
 }
 
-/// `x / sqrt(mean(x²) + eps) · w` per row of `x` `[n, h]`, as transformers' Qwen2RMSNorm in f32.
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let (n, h) = x.dims2()?;
-    let mut out = vec![0f32; n * h];
-    with_f32(x, |xs| {
-        with_f32(w, |ws| {
-            map_rows(n, h, &mut out, |r, o| {
-                let row = &xs[r * h..(r + 1) * h];
-                let inv = 1.0 / (sum_sq(row) / h as f32 + eps as f32).sqrt();
-                for ((o, &v), &wv) in o.iter_mut().zip(row).zip(ws) {
-                    *o = (v * inv) * wv;
-                }
+/// `out[r] = op(row r of a, row r of b — or all of b when it is one row shared by every row)`
+/// for `a` `[n, w]`, as a new `[n, w]` tensor.
+fn zip_rows(a: &Tensor, b: &Tensor, per_row: bool, op: impl Fn(&[f32], &[f32], &mut [f32]) + Sync) -> Result<Tensor> {
+    let (n, w) = a.dims2()?;
+    let need = if per_row { n * w } else { w };
+    if b.elem_count() != need {
+        return Err(ModelError::Batch(format!("row-wise operand of shape {:?} does not fit [{n}, {w}]", b.dims())));
+    }
+    let mut out = vec![0f32; n * w];
+    with_f32(a, |xs| {
+        with_f32(b, |ys| {
+            map_rows(n, w, &mut out, |r, o| {
+                let yr = if per_row { &ys[r * w..(r + 1) * w] } else { ys };
+                op(&xs[r * w..(r + 1) * w], yr, o)
             })
         })
     })??;
-    Ok(Tensor::from_vec(out, (n, h), x.device())?)
+    Ok(Tensor::from_vec(out, (n, w), a.device())?)
+}
+
+/// `x / sqrt(mean(x²) + eps) · w` per row of `x` `[n, h]`, as transformers' Qwen2RMSNorm in f32.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let h = x.dims2()?.1;
+    zip_rows(x, w, false, |row, ws, o| {
+        let inv = 1.0 / (sum_sq(row) / h as f32 + eps as f32).sqrt();
+        for ((o, &v), &wv) in o.iter_mut().zip(row).zip(ws) {
+            *o = (v * inv) * wv;
+        }
+    })
 }
 
 /// `silu(gate) · up`, elementwise over `[n, i]`; the sigmoid from a bounded-argument `e^x`
 /// (`e^-|g|`, so it never overflows) that vectorises.
 pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let (n, i) = gate.dims2()?;
-    let mut out = vec![0f32; n * i];
-    with_f32(gate, |gs| {
-        with_f32(up, |us| {
-            map_rows(n, i, &mut out, |r, o| {
-                silu_mul_row(&gs[r * i..(r + 1) * i], &us[r * i..(r + 1) * i], o);
-            })
-        })
-    })??;
-    Ok(Tensor::from_vec(out, (n, i), gate.device())?)
+    zip_rows(gate, up, true, silu_mul_row)
 }
 
 fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
@@ -124,18 +128,11 @@ fn silu_mul_row_body(g: &[f32], u: &[f32], o: &mut [f32]) {
 
 /// `a + b` for two `[n, h]` tensors.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (n, h) = a.dims2()?;
-    let mut out = vec![0f32; n * h];
-    with_f32(a, |xs| {
-        with_f32(b, |ys| {
-            map_rows(n, h, &mut out, |r, o| {
-                for ((o, &x), &y) in o.iter_mut().zip(&xs[r * h..(r + 1) * h]).zip(&ys[r * h..(r + 1) * h]) {
-                    *o = x + y;
-                }
-            })
-        })
-    })??;
-    Ok(Tensor::from_vec(out, (n, h), a.device())?)
+    zip_rows(a, b, true, |x, y, o| {
+        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+            *o = x + y;
+        }
+    })
 }
 
 /// Rotate `x` `[n, heads, d]` in place (the half-split rotation of Qwen2/Llama):
