@@ -130,6 +130,12 @@ fn main() -> ExitCode {
     if let Some(n) = cli.threads {
         flint_model::kernels::pool::set_threads(n as usize);
     }
+    if let Ok(v) = std::env::var("FLINT_CPU_ISA") {
+        if let Err(e) = v.parse::<flint_model::kernels::IsaCap>() {
+            eprintln!("error: FLINT_CPU_ISA: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => run_generate(a),

@@ -208,6 +208,35 @@ fn bad_cli_values_are_one_line() {
     assert_one_line_error(&o, &["gpt-5", "qwen2.5-0.5b"]);
 }
 
+/// `FLINT_CPU_ISA` caps the kernels' instruction set; every path computes the same bits, so the
+/// greedy text of a quantized model is the same on each. A bad value is one line.
+#[test]
+fn every_cpu_isa_generates_the_same_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gg = tmp.path().join("tiny-q4");
+    let o = flint(&["synth", "--shape", "tiny", "--out", gg.to_str().unwrap(), "--gguf", "q4_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let model = gg.join("model-q4_0.gguf");
+    let run = |isa: &str| {
+        Command::new(env!("CARGO_BIN_EXE_flint"))
+            .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "Hello world", "--max-tokens", "12"])
+            .args(["--ignore-eos"])
+            .env("HF_HUB_OFFLINE", "1")
+            .env("FLINT_CPU_ISA", isa)
+            .output()
+            .expect("run flint")
+    };
+    let native = run("avx512");
+    assert!(native.status.success(), "{}", stderr(&native));
+    assert!(!native.stdout.is_empty());
+    for isa in ["avx2", "scalar"] {
+        let o = run(isa);
+        assert!(o.status.success(), "{isa}: {}", stderr(&o));
+        assert_eq!(o.stdout, native.stdout, "{isa} must generate what the widest path does");
+    }
+    assert_one_line_error(&run("sse9"), &["FLINT_CPU_ISA", "sse9"]);
+}
+
 #[test]
 fn offline_hub_id_resolves_from_the_local_cache() {
     // The layout hf-hub (and huggingface_hub) use: hub/models--Org--Name/{refs/main, snapshots/REV/}.

@@ -1,7 +1,7 @@
 //! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. On the CPU, f32 and
 //! bf16 weights go through flint's batch-invariant f32 kernel ([`crate::kernels::matmul_f32`]),
-//! Q8_0/Q4_0 through its int8 kernel ([`crate::kernels::matmul_q8`]); other types and devices
-//! through candle (whose quantized CPU kernels are row-independent too).
+//! Q8_0/Q4_0/Q4_K/Q6_K through its int8 kernel ([`crate::kernels::matmul_q8`]); other types and
+//! devices through candle (whose quantized CPU kernels are row-independent too).
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ pub enum Linear {
         w: Arc<PackedF32>,
         b: Option<Tensor>,
     },
-    /// GGUF Q8_0/Q4_0 on the CPU, repacked for [`matmul_q8`] (int8 dot products, VNNI).
+    /// GGUF Q8_0/Q4_0/Q4_K/Q6_K on the CPU, repacked for [`matmul_q8`] (int8 dot products).
     PackedQ8 {
         w: Arc<PackedQ8>,
         b: Option<Tensor>,
@@ -133,11 +133,14 @@ fn on_cpu_vec(
     Ok(y)
 }
 
-/// Repack a CPU Q8_0 or Q4_0 `[out, in]` weight for flint's int8 kernel; `None` for other types.
+/// Repack a CPU Q8_0, Q4_0, Q4_K or Q6_K `[out, in]` weight for flint's int8 kernel; `None`
+/// for other types.
 pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
     let format = match q.dtype() {
         GgmlDType::Q8_0 => Format::Q8_0,
         GgmlDType::Q4_0 => Format::Q4_0,
+        GgmlDType::Q4K => Format::Q4_K,
+        GgmlDType::Q6K => Format::Q6_K,
         _ => return Ok(None),
     };
     if !q.device().is_cpu() {

@@ -60,7 +60,7 @@ pub fn paged_attention(
         let (s, h, t0, t1) = tasks[i];
         let task = Task { q, q_heads, seq: &seqs[s], kv, h, t0, t1, window, scale };
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if super::has_avx512() {
             // SAFETY: AVX-512F was just detected.
             return unsafe { task.run_avx512() };
         }

@@ -116,16 +116,13 @@ pub enum Isa {
 
 /// The best instruction set this CPU supports (checked at run time, so one binary runs anywhere).
 pub fn detect_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Isa::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return Isa::Avx2Fma;
-        }
+    if super::has_avx512() {
+        Isa::Avx512
+    } else if super::has_avx2() {
+        Isa::Avx2Fma
+    } else {
+        Isa::Scalar
     }
-    Isa::Scalar
 }
 
 fn supported(isa: Isa) -> bool {

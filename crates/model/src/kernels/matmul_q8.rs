@@ -1,83 +1,211 @@
-//! `y = x·Wᵀ` for Q8_0 and Q4_0 weights (blocks of 32 int8 or 4-bit values with one scale), with
-//! activations quantized to int8 per 32-block as llama.cpp does, and integer dot products on
-//! AVX-512 VNNI.
+//! `y = x·Wᵀ` for GGUF's Q8_0, Q4_0, Q4_K and Q6_K weights, with activations quantized to int8
+//! per 32-block as llama.cpp does for Q8_0, and exact integer dot products (AVX-512 VNNI, AVX2, or
+//! the portable reference).
 //!
-//! The weight is repacked once at load: panels of 16 output columns, and within a panel, per
-//! 32-wide block of the input, the values laid out `[8 groups of 4 inputs][16 columns][4]` so one
-//! `vpdpbusd` multiplies four inputs of one row into all 16 columns at once, then the 16 f16
-//! scales. `vpdpbusd` wants one unsigned operand, so the weight is stored offset to be unsigned
-//! (Q8_0: `w + 128`; Q4_0: the nibble as GGUF has it, `w + 8`) and the offset's contribution,
-//! `offset · Σx` per row and block, is subtracted once per block. Q4_0 keeps 4 bits: byte `j`
-//! of a block holds layout entry `j` in its low nibble and entry `j + 256` in its high one, so
-//! one 64-byte load yields groups `g` and `g + 4`. The packed weight is as compact as GGUF's
-//! (4.5 and 8.5 bits per value), which matters because decode streams all of it per token.
-//! Each output is then, block by block in input order, `acc = fma(isum as f32, d_w · d_x, acc)`
-//! with `isum` an exact integer — the same bits for any number of rows, any tiling and any
-//! instruction set, which keeps batches from changing a request's tokens. The scalar path is
-//! the reference.
+//! The weight is repacked once at load into panels of 16 output columns. Within a panel, per
+//! 32-wide block of the input ("panel block"), the values are laid out `[8 groups of 4
+//! inputs][16 columns][4]`, so one `vpdpbusd` multiplies four inputs of a row into all 16
+//! columns at once; then 32 bytes of per-block scales. The K-quants' 256-wide super-blocks put
+//! their f16 super-scales in a header before every eighth panel block.
+//!
+//! `vpdpbusd` wants one unsigned operand, so weights are stored unsigned (Q8_0: `w + 128`; Q4_0:
+//! the nibble, `w + 8`; Q4_K: its nibble, which is unsigned already; Q6_K: its 6 bits, `w + 32`)
+//! and the offset's share, `offset · Σx` per row and block, is subtracted from the integer sum.
+//! 4-bit values keep 4 bits: byte `j` of a block holds layout entry `j` in its low nibble and
+//! entry `j + 256` in its high one, so one 64-byte load yields groups `g` and `g + 4`. Q6_K adds
+//! its top two bits as four 2-bit fields per byte. The packed weight is as compact as GGUF's
+//! (Q8_0 8.5, Q4_0 4.5, Q4_K 4.625, Q6_K 6.5625 bits per value), which matters because decode
+//! streams all of it per token.
+//!
+//! Per block and column the integer sums are exact, then folded into the f32 accumulator by one
+//! fixed sequence of f32 operations (see [`tile_scalar`]) in input order — the same bits for any
+//! number of rows, any tiling and any instruction set, which keeps batches from changing a
+//! request's tokens. The scalar path is the reference the SIMD paths are tested against.
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use super::{as_uninit, by_panel_stripes, pool};
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub const QK: usize = 32;
 const COLS: usize = 16;
 const ROWS: usize = 8;
+/// Panel blocks per K-quant super-block (256 values).
+const SUPER: usize = 8;
 
-/// The block formats this kernel reads.
+/// The block formats this kernel reads (named as GGUF names them).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// f16 scale, 32 × i8 (34 bytes).
     Q8_0,
     /// f16 scale, 16 bytes of nibbles: value `j` low, `j + 16` high, each minus 8 (18 bytes).
     Q4_0,
+    /// 256 values: f16 `d` and `dmin`, eight 6-bit scales and mins, 128 bytes of nibbles;
+    /// value = `d·sc·q − dmin·m` per 32 (144 bytes).
+    Q4_K,
+    /// 256 values: 4 low bits, 2 high bits, sixteen i8 scales, f16 `d`; value =
+    /// `d·sc·(q − 32)` per 16 (210 bytes).
+    Q6_K,
 }
 
 impl Format {
+    /// The kernels' compile-time tag for the format.
+    const fn tag(self) -> u8 {
+        self as u8
+    }
+
     fn ggml_block_bytes(self) -> usize {
         match self {
             Format::Q8_0 => 34,
             Format::Q4_0 => 18,
+            Format::Q4_K => 144,
+            Format::Q6_K => 210,
+        }
+    }
+
+    /// Values per GGUF block.
+    fn ggml_values(self) -> usize {
+        match self {
+            Format::Q8_0 | Format::Q4_0 => QK,
+            Format::Q4_K | Format::Q6_K => QK * SUPER,
         }
     }
 
     /// Bytes of weight values per panel block (16 columns × 32 inputs).
-    fn values(self) -> usize {
+    const fn values(self) -> usize {
         match self {
             Format::Q8_0 => COLS * QK,
-            Format::Q4_0 => COLS * QK / 2,
+            Format::Q4_0 | Format::Q4_K => COLS * QK / 2,
+            Format::Q6_K => COLS * QK / 2 + COLS * QK / 4,
         }
     }
 
-    /// One panel block: the values, then 16 f16 scales.
-    fn panel_block(self) -> usize {
+    /// One panel block: the values, then 32 bytes of scales (Q8_0/Q4_0: 16 f16; Q4_K: 16 `sc`
+    /// then 16 `m`; Q6_K: 16 scales of the first 16 inputs, then 16 of the second).
+    const fn panel_block(self) -> usize {
         self.values() + COLS * 2
     }
 
-    /// What the stored (unsigned) weight adds to the signed value.
-    fn offset(self) -> i32 {
+    /// The f16 super-scales before each super-block's panel blocks: 16 `d` (and 16 `dmin`).
+    const fn header(self) -> usize {
         match self {
-            Format::Q8_0 => 128,
-            Format::Q4_0 => 8,
+            Format::Q8_0 | Format::Q4_0 => 0,
+            Format::Q4_K => COLS * 4,
+            Format::Q6_K => COLS * 2,
         }
     }
 
-    /// Element `k` of a GGUF block, as a signed integer.
-    fn ggml_value(self, blk: &[u8], k: usize) -> i8 {
+    /// What the stored (unsigned) weight adds to the signed value.
+    const fn offset(self) -> i32 {
         match self {
-            Format::Q8_0 => blk[2 + k] as i8,
-            Format::Q4_0 => {
-                let byte = blk[2 + k % 16];
-                (if k < 16 { byte & 0x0F } else { byte >> 4 }) as i8 - 8
-            }
+            Format::Q8_0 => 128,
+            Format::Q4_0 => 8,
+            Format::Q4_K => 0,
+            Format::Q6_K => 32,
+        }
+    }
+
+    /// Where panel block `b` starts within its panel.
+    const fn block_at(self, b: usize) -> usize {
+        if self.header() == 0 {
+            b * self.panel_block()
+        } else {
+            (b / SUPER) * (self.header() + SUPER * self.panel_block())
+                + self.header()
+                + (b % SUPER) * self.panel_block()
+        }
+    }
+
+    /// Where the header of the super-block holding panel block `b` starts.
+    const fn header_at(self, b: usize) -> usize {
+        (b / SUPER) * (self.header() + SUPER * self.panel_block())
+    }
+
+    fn panel_bytes(self, nb: usize) -> usize {
+        self.block_at(nb)
+    }
+
+    const fn from_tag(tag: u8) -> Format {
+        match tag {
+            0 => Format::Q8_0,
+            1 => Format::Q4_0,
+            2 => Format::Q4_K,
+            _ => Format::Q6_K,
         }
     }
 }
 
-/// A Q8_0 or Q4_0 `[out, in]` weight repacked for [`matmul`].
+/// One GGUF block decoded for packing: per value the stored (offset) value, per 32-block its two
+/// scale bytes (Q8_0/Q4_0: the f16; Q4_K: `sc`, `m`; Q6_K: the two i8 scales), per super-block
+/// the f16 header values.
+struct Decoded {
+    stored: [u8; QK * SUPER],
+    meta: [[u8; 2]; SUPER],
+    head: [[u8; 2]; 2],
+}
+
+/// Q4_K's 6-bit scale and min of 32-block `j` (0..8) from its 12 packed bytes.
+fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+    }
+}
+
+fn decode(format: Format, blk: &[u8]) -> Decoded {
+    let mut d = Decoded { stored: [0; QK * SUPER], meta: [[0; 2]; SUPER], head: [[0; 2]; 2] };
+    match format {
+        Format::Q8_0 => {
+            d.meta[0] = [blk[0], blk[1]];
+            for k in 0..QK {
+                d.stored[k] = (blk[2 + k] as i8 as i32 + 128) as u8;
+            }
+        }
+        Format::Q4_0 => {
+            d.meta[0] = [blk[0], blk[1]];
+            for k in 0..QK {
+                let byte = blk[2 + k % 16];
+                d.stored[k] = if k < 16 { byte & 0x0F } else { byte >> 4 };
+            }
+        }
+        Format::Q4_K => {
+            d.head = [[blk[0], blk[1]], [blk[2], blk[3]]];
+            for j in 0..SUPER {
+                let (sc, m) = q4k_scale_min(j, &blk[4..16]);
+                d.meta[j] = [sc, m];
+            }
+            for i in 0..QK * SUPER {
+                let (chunk, l) = (i / 64, i % 64);
+                let byte = blk[16 + chunk * 32 + l % 32];
+                d.stored[i] = if l < 32 { byte & 0x0F } else { byte >> 4 };
+            }
+        }
+        Format::Q6_K => {
+            let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+            d.head[0] = [blk[208], blk[209]];
+            for i in 0..QK * SUPER {
+                let (n, quarter, l) = (i / 128, (i % 128) / 32, i % 32);
+                let low = ql[n * 64 + l + (quarter & 1) * 32];
+                let low = if quarter < 2 { low & 0x0F } else { low >> 4 };
+                d.stored[i] = low | (((qh[n * 32 + l] >> (2 * quarter)) & 3) << 4);
+            }
+            for j in 0..SUPER {
+                let (n, quarter) = (j / 4, j % 4);
+                d.meta[j] = [sc[n * 8 + 2 * quarter], sc[n * 8 + 2 * quarter + 1]];
+            }
+        }
+    }
+    d
+}
+
+/// A quantized `[out, in]` weight repacked for [`matmul`].
 pub struct PackedQ8 {
     format: Format,
     out: usize,
@@ -85,59 +213,104 @@ pub struct PackedQ8 {
     data: Vec<u8>,
 }
 
-/// Where layout entry `e` (`(k / 4) · 64 + c · 4 + k % 4`) of a block lives: (byte, high nibble).
+/// Layout entry of input `k` (0..32) of column `c` in a panel block.
+fn entry(k: usize, c: usize) -> usize {
+    (k / 4) * COLS * 4 + c * 4 + k % 4
+}
+
+/// Where layout entry `e` lives among a block's nibbles: (byte, high nibble).
 fn q4_slot(e: usize) -> (usize, bool) {
-    if e < 256 {
-        (e, false)
-    } else {
-        (e - 256, true)
+    (e % 256, e >= 256)
+}
+
+/// Where Q6_K's top two bits of layout entry `e` live: (byte after the nibbles, shift).
+fn q6_high_slot(e: usize) -> (usize, u32) {
+    (COLS * QK / 2 + (e / 256) * 64 + e % 64, 2 * ((e / 64) % 4) as u32)
+}
+
+/// Write column `c` of one decoded GGUF block, whose first 32-block is panel block `b0`, into
+/// its panel.
+fn pack_block(format: Format, dec: &Decoded, b0: usize, c: usize, panel: &mut [u8]) {
+    for j in 0..format.ggml_values() / QK {
+        let base = format.block_at(b0 + j);
+        for k in 0..QK {
+            let (v, e) = (dec.stored[j * QK + k], entry(k, c));
+            match format {
+                Format::Q8_0 => panel[base + e] = v,
+                Format::Q4_0 | Format::Q4_K | Format::Q6_K => {
+                    let (byte, high) = q4_slot(e);
+                    panel[base + byte] |= if high { (v & 0x0F) << 4 } else { v & 0x0F };
+                    if format == Format::Q6_K {
+                        let (byte, shift) = q6_high_slot(e);
+                        panel[base + byte] |= (v >> 4) << shift;
+                    }
+                }
+            }
+        }
+        let meta = base + format.values();
+        match format {
+            Format::Q8_0 | Format::Q4_0 => panel[meta + 2 * c..meta + 2 * c + 2].copy_from_slice(&dec.meta[j]),
+            Format::Q4_K | Format::Q6_K => {
+                panel[meta + c] = dec.meta[j][0];
+                panel[meta + COLS + c] = dec.meta[j][1];
+            }
+        }
+    }
+    if format.header() > 0 {
+        let h = format.header_at(b0);
+        for (i, v) in dec.head.iter().enumerate().take(format.header() / (2 * COLS)) {
+            panel[h + i * 2 * COLS + 2 * c..][..2].copy_from_slice(v);
+        }
     }
 }
 
 impl PackedQ8 {
-    /// Repack GGUF blocks, row-major `[out][in/32]`.
+    /// Repack GGUF blocks, row-major `[out][in / values per block]`. `None` when the sizes do
+    /// not fit the format.
     pub fn from_ggml(format: Format, raw: &[u8], out: usize, inp: usize) -> Option<Self> {
-        let gb = format.ggml_block_bytes();
-        if !inp.is_multiple_of(QK) || raw.len() != out * (inp / QK) * gb {
+        let (gv, gb) = (format.ggml_values(), format.ggml_block_bytes());
+        if inp == 0 || !inp.is_multiple_of(gv) || raw.len() != out * (inp / gv) * gb {
             return None;
         }
-        let (nb, pb) = (inp / QK, format.panel_block());
-        let panels = out.div_ceil(COLS);
-        let mut data = vec![0u8; panels * nb * pb];
-        for o in 0..out {
-            let (p, c) = (o / COLS, o % COLS);
-            for b in 0..nb {
-                let blk = &raw[(o * nb + b) * gb..(o * nb + b + 1) * gb];
-                let base = (p * nb + b) * pb;
-                for k in 0..QK {
-                    let stored = (format.ggml_value(blk, k) as i32 + format.offset()) as u8;
-                    let e = (k / 4) * COLS * 4 + c * 4 + k % 4;
-                    match format {
-                        Format::Q8_0 => data[base + e] = stored,
-                        Format::Q4_0 => {
-                            let (byte, high) = q4_slot(e);
-                            data[base + byte] |= if high { stored << 4 } else { stored };
-                        }
-                    }
+        let nb = inp / QK;
+        let panel_bytes = format.panel_bytes(nb);
+        let mut data = vec![0u8; out.div_ceil(COLS) * panel_bytes];
+        let row_bytes = (inp / gv) * gb;
+        // Panels are independent: a 7B checkpoint's worth is worth packing on every thread.
+        let panels: Vec<Mutex<&mut [u8]>> = data.chunks_mut(panel_bytes).map(Mutex::new).collect();
+        pool::run(panels.len(), |p| {
+            let mut panel = panels[p].lock().unwrap_or_else(|e| e.into_inner());
+            for c in 0..COLS.min(out - p * COLS) {
+                let o = p * COLS + c;
+                for (g, blk) in raw[o * row_bytes..(o + 1) * row_bytes].chunks_exact(gb).enumerate() {
+                    pack_block(format, &decode(format, blk), g * (gv / QK), c, &mut panel);
                 }
-                // The f16 scale as GGUF stores it (widened exactly when used).
-                let s = base + format.values() + c * 2;
-                data[s..s + 2].copy_from_slice(&blk[..2]);
             }
-        }
+        });
+        drop(panels);
         Some(Self { format, out, inp, data })
     }
 
-    /// Layout entry `e` of panel block `base`, as stored (the value plus the format's offset).
+    /// Layout entry `e` of the panel block at `base`, as stored (the value plus the format's
+    /// offset).
     fn stored(&self, panel: &[u8], base: usize, e: usize) -> i32 {
         match self.format {
             Format::Q8_0 => panel[base + e] as i32,
-            Format::Q4_0 => {
+            Format::Q4_0 | Format::Q4_K | Format::Q6_K => {
                 let (byte, high) = q4_slot(e);
                 let v = panel[base + byte];
-                (if high { v >> 4 } else { v & 0x0F }) as i32
+                let low = (if high { v >> 4 } else { v & 0x0F }) as i32;
+                if self.format != Format::Q6_K {
+                    return low;
+                }
+                let (byte, shift) = q6_high_slot(e);
+                low | ((((panel[base + byte] >> shift) & 3) as i32) << 4)
             }
         }
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
     }
 
     pub fn out_features(&self) -> usize {
@@ -150,32 +323,33 @@ impl PackedQ8 {
 }
 
 /// One row of activations quantized per 32-block: the int8 values, the block scales, and per
-/// block `offset · Σq`, what the weight's storage offset adds to each block's integer sum.
+/// block `Σq` and the sum of its first 16 values (Q6_K's scales cover 16 inputs).
 struct QuantRow {
     q: Vec<i8>,
     d: Vec<f32>,
-    corr: Vec<i32>,
+    sum: Vec<i32>,
+    half: Vec<i32>,
 }
 
-fn quantize_row(isa: Isa, x: &[f32], offset: i32) -> QuantRow {
+fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: `Vnni` is only chosen after detecting AVX-512F/BW/VNNI.
-        return unsafe { x86::quantize_row(x, offset) };
+        return unsafe { x86::quantize_row(x) };
     }
     let _ = isa;
-    quantize_row_scalar(x, offset)
+    quantize_row_scalar(x)
 }
 
 /// The reference quantization; the AVX-512 one gives the same bytes.
-fn quantize_row_scalar(x: &[f32], offset: i32) -> QuantRow {
+fn quantize_row_scalar(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
-    let (mut q, mut d, mut corr) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+    let mut row = QuantRow { q: vec![0i8; x.len()], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb] };
     for b in 0..nb {
         let blk = &x[b * QK..(b + 1) * QK];
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
-        d[b] = scale;
+        row.d[b] = scale;
         if scale > 0.0 {
             let inv = 1.0 / scale;
             for (k, &v) in blk.iter().enumerate() {
@@ -183,31 +357,42 @@ fn quantize_row_scalar(x: &[f32], offset: i32) -> QuantRow {
                 // unlike `f32::round` it vectorises instead of calling libm per value.
                 const MAGIC: f32 = 12_582_912.0;
                 let r = (v * inv + MAGIC) - MAGIC;
-                q[b * QK + k] = (r as i32).clamp(-127, 127) as i8;
+                row.q[b * QK + k] = (r as i32).clamp(-127, 127) as i8;
             }
         }
-        corr[b] = offset * q[b * QK..(b + 1) * QK].iter().map(|&v| v as i32).sum::<i32>();
+        let q = &row.q[b * QK..(b + 1) * QK];
+        row.half[b] = q[..16].iter().map(|&v| v as i32).sum();
+        row.sum[b] = row.half[b] + q[16..].iter().map(|&v| v as i32).sum::<i32>();
     }
-    QuantRow { q, d, corr }
+    row
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
+    /// AVX2 + FMA + F16C (`vpmaddubsw`).
+    Avx2,
+    /// AVX-512 F/BW + VNNI (`vpdpbusd`).
     Vnni,
 }
 
 pub fn detect_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-        {
-            return Isa::Vnni;
-        }
+    if super::has_vnni() {
+        Isa::Vnni
+    } else if super::has_avx2() {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
     }
-    Isa::Scalar
+}
+
+/// Whether this CPU can run `isa`.
+fn available(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => detect_isa() != Isa::Scalar,
+        Isa::Vnni => detect_isa() == Isa::Vnni,
+    }
 }
 
 pub fn matmul(x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
@@ -219,32 +404,31 @@ pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32
     run(detect_isa(), x, m, w, y)
 }
 
-/// [`matmul`] on a chosen path (an unsupported one falls back to scalar: same bits).
+/// [`matmul`] on a chosen path (one this CPU lacks falls back to scalar: same bits).
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
     run(isa, x, m, w, as_uninit(y))
 }
 
 fn run(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
-    let isa = if isa == Isa::Vnni && detect_isa() != Isa::Vnni { Isa::Scalar } else { isa };
+    let isa = if available(isa) { isa } else { Isa::Scalar };
     assert_eq!(x.len(), m * w.inp, "q8 matmul input length");
     assert_eq!(y.len(), m * w.out, "q8 matmul output length");
-    let off = w.format.offset();
     // Rows quantize independently; a prompt's worth is worth splitting across the threads.
     let rows: Vec<QuantRow> = if m >= 8 {
         let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
         pool::run(m, |r| {
-            let _ = done[r].set(quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp], off));
+            let _ = done[r].set(quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp]));
         });
         // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
-        let redo = |r: usize| quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp], off);
+        let redo = |r: usize| quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp]);
         done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
     } else {
-        x.chunks_exact(w.inp).map(|r| quantize_row(isa, r, off)).collect()
+        x.chunks_exact(w.inp).map(|r| quantize_row(isa, r)).collect()
     };
-    let (nb, pb) = (w.inp / QK, w.format.panel_block());
+    let (nb, panel_bytes) = (w.inp / QK, w.format.panel_bytes(w.inp / QK));
     by_panel_stripes(m, w.out, COLS, 1, y, |p0, p1, stripe| {
         for p in p0..p1 {
-            let panel = &w.data[p * nb * pb..(p + 1) * nb * pb];
+            let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
             for r0 in (0..m).step_by(ROWS) {
                 let r1 = (r0 + ROWS).min(m);
                 let mut acc = [[0f32; COLS]; ROWS];
@@ -258,13 +442,13 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) 
 }
 
 fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
-    match (isa, w.format) {
+    match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul_with` only passes Vnni after detecting AVX-512F/BW/VNNI; `panel` holds
-        // `nb` blocks of this format and every row `nb · 32` values.
-        (Isa::Vnni, Format::Q8_0) => unsafe { x86::tile_vnni_rows::<false>(rows, panel, nb, acc) },
+        // SAFETY: `run` only passes an ISA this CPU has; `panel` holds `nb` blocks of this
+        // format and every row `nb · 32` values.
+        Isa::Vnni => unsafe { x86::tile_vnni(w.format, rows, panel, nb, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Vnni, Format::Q4_0) => unsafe { x86::tile_vnni_rows::<true>(rows, panel, nb, acc) },
+        Isa::Avx2 => unsafe { x86::tile_avx2(w.format, rows, panel, nb, acc) },
         _ => tile_scalar(w, rows, panel, nb, acc),
     }
 }
@@ -273,143 +457,46 @@ fn read_f16(b: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// The reference: exact integer block sums, then one `mul_add` per block, in block order.
+/// The reference. Per block and column, exact integer sums `isum = Σ xq·stored` (Q6_K: one per
+/// 16-input half), then, in block order, with `d_x` the activation block's scale:
+/// - Q8_0/Q4_0: `e = isum − offset·Σxq`; `acc = fma(e, d_w·d_x, acc)`.
+/// - Q4_K: `acc = fma(isum, (sc·d)·d_x, acc)`, then `acc = fma(m·(−dmin), d_x·Σxq, acc)`.
+/// - Q6_K: per half `h`: `acc = fma(isum_h − 32·Σxq_h, (sc_h·d)·d_x, acc)`.
+///
+/// The integer-to-float conversions and the products of a 6- or 8-bit integer with an f16 are
+/// exact; the SIMD paths perform the same roundings in the same order.
 fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
-    let (pb, vals) = (w.format.panel_block(), w.format.values());
+    let (f, vals) = (w.format, w.format.values());
     for (r, row) in rows.iter().enumerate() {
         for b in 0..nb {
-            let base = b * pb;
+            let (base, head) = (f.block_at(b), f.header_at(b));
+            let (sum, half, dx) = (row.sum[b], row.half[b], row.d[b]);
             for c in 0..COLS {
-                let mut isum = 0i32;
+                let mut isum = [0i32; 2];
                 for k in 0..QK {
-                    let wv = w.stored(panel, base, (k / 4) * COLS * 4 + c * 4 + k % 4);
-                    isum += row.q[b * QK + k] as i32 * wv;
+                    isum[k / 16] += row.q[b * QK + k] as i32 * w.stored(panel, base, entry(k, c));
                 }
-                isum -= row.corr[b];
-                let scale = read_f16(panel, base + vals + c * 2) * row.d[b];
-                acc[r][c] = (isum as f32).mul_add(scale, acc[r][c]);
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{QuantRow, COLS, QK, ROWS};
-    use std::arch::x86_64::*;
-
-    /// [`super::quantize_row_scalar`] sixteen lanes at a time: the same max, the same
-    /// `1/scale`, the same round-to-nearest-even, so the same bytes.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn quantize_row(x: &[f32], offset: i32) -> QuantRow {
-        let nb = x.len() / QK;
-        let (mut q, mut d, mut corr) = (vec![0i8; nb * QK], vec![0f32; nb], vec![0i32; nb]);
-        let magic = _mm512_set1_ps(12_582_912.0);
-        let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
-        for b in 0..nb {
-            let p = x.as_ptr().add(b * QK);
-            let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-            let scale = amax / 127.0;
-            *d.get_unchecked_mut(b) = scale;
-            if scale > 0.0 {
-                let inv = _mm512_set1_ps(1.0 / scale);
-                let round = |v| {
-                    let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), magic), magic);
-                    _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(r), lo), hi)
-                };
-                let (i0, i1) = (round(v0), round(v1));
-                let out = q.as_mut_ptr().add(b * QK);
-                _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(i0));
-                _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(i1));
-                *corr.get_unchecked_mut(b) = offset * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-            }
-        }
-        QuantRow { q, d, corr }
-    }
-
-    const PREFETCH_BLOCKS: usize = 8;
-
-    /// Dispatch on the row count so the accumulators of [`tile_vnni`] are registers.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_vnni_rows<const Q4: bool>(
-        rows: &[QuantRow],
-        panel: &[u8],
-        nb: usize,
-        acc: &mut [[f32; COLS]; ROWS],
-    ) {
-        match rows.len() {
-            1 => tile_vnni::<Q4, 1>(rows, panel, nb, acc),
-            2 => tile_vnni::<Q4, 2>(rows, panel, nb, acc),
-            3 => tile_vnni::<Q4, 3>(rows, panel, nb, acc),
-            4 => tile_vnni::<Q4, 4>(rows, panel, nb, acc),
-            5 => tile_vnni::<Q4, 5>(rows, panel, nb, acc),
-            6 => tile_vnni::<Q4, 6>(rows, panel, nb, acc),
-            7 => tile_vnni::<Q4, 7>(rows, panel, nb, acc),
-            _ => tile_vnni::<Q4, 8>(rows, panel, nb, acc),
-        }
-    }
-
-    /// `Q4`: 4-bit panel blocks (Q4_0), else int8 (Q8_0). `R` rows (≤ `ROWS`, = `rows.len()`).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile_vnni<const Q4: bool, const R: usize>(
-        rows: &[QuantRow],
-        panel: &[u8],
-        nb: usize,
-        acc: &mut [[f32; COLS]; ROWS],
-    ) {
-        let vals = if Q4 { COLS * QK / 2 } else { COLS * QK };
-        let pb = vals + COLS * 2;
-        let mut xq = [std::ptr::null::<i8>(); R];
-        let mut dx = [std::ptr::null::<f32>(); R];
-        let mut corr = [std::ptr::null::<i32>(); R];
-        for r in 0..R {
-            xq[r] = rows.get_unchecked(r).q.as_ptr();
-            dx[r] = rows.get_unchecked(r).d.as_ptr();
-            corr[r] = rows.get_unchecked(r).corr.as_ptr();
-        }
-        let mut f = [_mm512_setzero_ps(); R];
-        let low = _mm512_set1_epi8(0x0F);
-        for b in 0..nb {
-            let base = panel.as_ptr().add(b * pb);
-            // Software prefetch a few blocks ahead: the loop carries enough arithmetic per byte
-            // that the out-of-order window alone does not keep enough cache misses in flight.
-            let ahead = base.wrapping_add(PREFETCH_BLOCKS * pb);
-            let mut line = 0;
-            while line < pb {
-                _mm_prefetch(ahead.wrapping_add(line) as *const i8, _MM_HINT_T0);
-                line += 64;
-            }
-            let mut isum = [_mm512_setzero_si512(); R];
-            macro_rules! dot {
-                ($g:expr, $w:expr) => {{
-                    let w = $w;
-                    for r in 0..R {
-                        let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
-                        isum[r] = _mm512_dpbusd_epi32(isum[r], w, _mm512_set1_epi32(x));
+                let a = &mut acc[r][c];
+                let (m0, m1) = (panel[base + vals + c], panel[base + vals + COLS + c]);
+                match f {
+                    Format::Q8_0 | Format::Q4_0 => {
+                        let e = isum[0] + isum[1] - f.offset() * sum;
+                        *a = (e as f32).mul_add(read_f16(panel, base + vals + 2 * c) * dx, *a);
                     }
-                }};
-            }
-            if Q4 {
-                for g in 0..4 {
-                    let v = _mm512_loadu_si512(base.add(g * COLS * 4) as *const _);
-                    dot!(g, _mm512_and_si512(v, low));
-                    dot!(g + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+                    Format::Q4_K => {
+                        let (d, dmin) = (read_f16(panel, head + 2 * c), read_f16(panel, head + 2 * COLS + 2 * c));
+                        *a = ((isum[0] + isum[1]) as f32).mul_add((m0 as f32 * d) * dx, *a);
+                        *a = (m1 as f32 * -dmin).mul_add(dx * sum as f32, *a);
+                    }
+                    Format::Q6_K => {
+                        let d = read_f16(panel, head + 2 * c);
+                        let e0 = isum[0] - 32 * half;
+                        *a = (e0 as f32).mul_add((m0 as i8 as f32 * d) * dx, *a);
+                        let e1 = isum[1] - 32 * (sum - half);
+                        *a = (e1 as f32).mul_add((m1 as i8 as f32 * d) * dx, *a);
+                    }
                 }
-            } else {
-                for g in 0..QK / 4 {
-                    dot!(g, _mm512_loadu_si512(base.add(g * COLS * 4) as *const _));
-                }
             }
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(vals) as *const __m256i));
-            for r in 0..R {
-                let exact = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(*corr[r].add(b)));
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
-                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, f[r]);
-            }
-        }
-        for r in 0..R {
-            _mm512_storeu_ps(acc[r].as_mut_ptr(), f[r]);
         }
     }
 }
@@ -417,6 +504,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
 
     fn q4_blocks(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
         let mut raw = Vec::new();
@@ -463,74 +552,168 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn vnni_matches_the_scalar_reference_and_the_dequantized_product() {
-        for format in [Format::Q8_0, Format::Q4_0] {
-            check_format(format);
+    fn ggml_dtype(format: Format) -> GgmlDType {
+        match format {
+            Format::Q8_0 => GgmlDType::Q8_0,
+            Format::Q4_0 => GgmlDType::Q4_0,
+            Format::Q4_K => GgmlDType::Q4K,
+            Format::Q6_K => GgmlDType::Q6K,
         }
     }
 
-    fn check_format(format: Format) {
-        let (out, inp) = (37, 96);
-        let w = data(out * inp, 1);
-        let raw = if format == Format::Q8_0 { q8_blocks(&w, out, inp) } else { q4_blocks(&w, out, inp) };
-        let gb = format.ggml_block_bytes();
-        let p = PackedQ8::from_ggml(format, &raw, out, inp).unwrap();
+    /// Random GGUF blocks: every bit pattern is a valid block once its f16 scales are sane, so
+    /// this reaches every scale bit (Q4_K's packed high bits, Q6_K's negative scales, Q8_0's
+    /// −128) that a quantizer might rarely emit.
+    fn random_blocks(format: Format, out: usize, inp: usize, seed: u32) -> Vec<u8> {
+        let n = out * inp / format.ggml_values() * format.ggml_block_bytes();
+        let mut raw: Vec<u8> = data(n, seed).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
+        let d = |k: usize| half::f16::from_f32(0.001 + 0.0005 * (k % 7) as f32).to_le_bytes();
+        for (k, blk) in raw.chunks_exact_mut(format.ggml_block_bytes()).enumerate() {
+            match format {
+                Format::Q8_0 | Format::Q4_0 => blk[..2].copy_from_slice(&d(k)),
+                Format::Q4_K => {
+                    blk[..2].copy_from_slice(&d(k));
+                    blk[2..4].copy_from_slice(&d(k + 3));
+                }
+                Format::Q6_K => blk[208..].copy_from_slice(&d(k)),
+            }
+        }
+        raw
+    }
+
+    /// candle's dequantization of the same bytes: an independent reading of the format.
+    fn dequantized(format: Format, raw: &[u8], out: usize, inp: usize) -> Vec<f32> {
+        let q = QTensor::quantize(
+            &Tensor::zeros((out, inp), candle_core::DType::F32, &Device::Cpu).unwrap(),
+            ggml_dtype(format),
+        )
+        .unwrap();
+        assert_eq!(q.data().unwrap().len(), raw.len());
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Borrowed(raw),
+            &Device::Cpu,
+            ggml_dtype(format),
+        )
+        .unwrap();
+        let q = QTensor::new(storage, (out, inp)).unwrap();
+        q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    const ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Vnni];
+
+    /// Every path gives the scalar path's bits, and the scalar path is the f64 product of the
+    /// dequantized weight (read by candle) with the quantized activations, to f32 rounding.
+    fn check(format: Format, raw: &[u8], out: usize, inp: usize) {
+        let p = PackedQ8::from_ggml(format, raw, out, inp).unwrap();
+        let w = dequantized(format, raw, out, inp);
         for m in 1..=9 {
             let x = data(m * inp, 2 + m as u32);
             let mut ys = vec![0f32; m * out];
             matmul_with(Isa::Scalar, &x, m, &p, &mut ys);
-            let mut yv = vec![0f32; m * out];
-            matmul_with(Isa::Vnni, &x, m, &p, &mut yv);
-            assert_eq!(ys, yv, "{format:?} m={m}: the VNNI path must give the scalar path's bits");
-            // Against the f32 product of the dequantized weight: only activation rounding differs.
+            for isa in ISAS {
+                if !available(isa) {
+                    eprintln!("{isa:?} not on this CPU: not compared");
+                    continue;
+                }
+                let mut y = vec![0f32; m * out];
+                matmul_with(isa, &x, m, &p, &mut y);
+                assert_eq!(ys, y, "{format:?} m={m}: {isa:?} must give the scalar path's bits");
+            }
             for i in 0..m {
+                let q = quantize_row_scalar(&x[i * inp..(i + 1) * inp]);
                 for o in 0..out {
-                    let mut r = 0f64;
-                    for b in 0..inp / QK {
-                        let blk = &raw[(o * (inp / QK) + b) * gb..][..gb];
-                        let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32() as f64;
-                        for k in 0..QK {
-                            r += x[i * inp + b * QK + k] as f64 * format.ggml_value(blk, k) as f64 * d;
-                        }
+                    let (mut r, mut mag) = (0f64, 0f64);
+                    for k in 0..inp {
+                        let t = q.q[k] as f64 * q.d[k / QK] as f64 * w[o * inp + k] as f64;
+                        (r, mag) = (r + t, mag + t.abs());
                     }
-                    assert!((ys[i * out + o] as f64 - r).abs() < 0.05, "({i},{o}): {} vs {r}", ys[i * out + o]);
+                    let got = ys[i * out + o] as f64;
+                    assert!((got - r).abs() <= 1e-5 * mag + 1e-6, "{format:?} ({i},{o}): {got} vs {r}");
                 }
             }
         }
     }
 
     #[test]
+    fn every_path_matches_the_scalar_reference_and_the_dequantized_product() {
+        let (out, inp) = (37, 96);
+        let w = data(out * inp, 1);
+        check(Format::Q8_0, &q8_blocks(&w, out, inp), out, inp);
+        check(Format::Q4_0, &q4_blocks(&w, out, inp), out, inp);
+        for format in [Format::Q8_0, Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            let inp = 2 * format.ggml_values().max(QK * 3);
+            check(format, &random_blocks(format, out, inp, 11), out, inp);
+        }
+    }
+
+    /// Blocks from candle's own quantizer of a smooth weight (what `flint synth` writes).
+    #[test]
+    fn quantizer_output_round_trips() {
+        let (out, inp) = (20, 512);
+        let w = data(out * inp, 21);
+        for format in [Format::Q4_K, Format::Q6_K] {
+            let t = Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&t, ggml_dtype(format)).unwrap();
+            check(format, &q.data().unwrap(), out, inp);
+        }
+    }
+
+    #[test]
+    fn extreme_values_stay_exact() {
+        // Q8_0 at −128 against ±127 activations: AVX2's `vpmaddubsw` pairs at their limit.
+        let (out, inp) = (16, 64);
+        let mut raw = random_blocks(Format::Q8_0, out, inp, 3);
+        for blk in raw.chunks_exact_mut(34) {
+            for (k, v) in blk[2..].iter_mut().enumerate() {
+                *v = if k % 3 == 0 { 0x80 } else { 0x7F };
+            }
+        }
+        let p = PackedQ8::from_ggml(Format::Q8_0, &raw, out, inp).unwrap();
+        let x: Vec<f32> = (0..inp).map(|k| if k % 2 == 0 { -1.0 } else { 1.0 }).collect();
+        let mut want = vec![0f32; out];
+        matmul_with(Isa::Scalar, &x, 1, &p, &mut want);
+        for isa in ISAS.into_iter().filter(|&i| available(i)) {
+            let mut y = vec![0f32; out];
+            matmul_with(isa, &x, 1, &p, &mut y);
+            assert_eq!(y, want, "{isa:?}");
+        }
+    }
+
+    #[test]
     fn a_row_does_not_depend_on_its_batch() {
-        let (out, inp) = (50, 64);
-        let p = PackedQ8::from_ggml(Format::Q4_0, &q4_blocks(&data(out * inp, 5), out, inp), out, inp).unwrap();
-        let target = data(inp, 6);
-        let mut alone = vec![0f32; out];
-        matmul(&target, 1, &p, &mut alone);
-        for m in [2, 3, 4, 5, 8, 13] {
-            let mut x = data(m * inp, 7 + m as u32);
-            let pos = m / 2;
-            x[pos * inp..(pos + 1) * inp].copy_from_slice(&target);
-            let mut y = vec![0f32; m * out];
-            matmul(&x, m, &p, &mut y);
-            assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "m={m}");
+        let (out, inp) = (50, 256);
+        for format in [Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            let p = PackedQ8::from_ggml(format, &random_blocks(format, out, inp, 5), out, inp).unwrap();
+            let target = data(inp, 6);
+            let mut alone = vec![0f32; out];
+            matmul(&target, 1, &p, &mut alone);
+            for m in [2, 3, 4, 5, 8, 13] {
+                let mut x = data(m * inp, 7 + m as u32);
+                let pos = m / 2;
+                x[pos * inp..(pos + 1) * inp].copy_from_slice(&target);
+                let mut y = vec![0f32; m * out];
+                matmul(&x, m, &p, &mut y);
+                assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "{format:?} m={m}");
+            }
         }
     }
 
     /// `matmul_uninit` writes every output (the caller treats the buffer as initialised after).
     #[test]
     fn uninit_output_is_fully_written() {
-        let (out, inp) = (37, 64);
-        let p = PackedQ8::from_ggml(Format::Q8_0, &q8_blocks(&data(out * inp, 31), out, inp), out, inp).unwrap();
-        for m in [1, 7, 8, 9, 20] {
-            let x = data(m * inp, 32);
-            let mut want = vec![0f32; m * out];
-            matmul(&x, m, &p, &mut want);
-            let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
-            matmul_uninit(&x, m, &p, &mut y);
-            // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
-            let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
-            assert_eq!(got, want, "m={m}");
+        let (out, inp) = (37, 256);
+        for format in [Format::Q8_0, Format::Q6_K] {
+            let p = PackedQ8::from_ggml(format, &random_blocks(format, out, inp, 31), out, inp).unwrap();
+            for m in [1, 7, 8, 9, 20] {
+                let x = data(m * inp, 32);
+                let mut want = vec![0f32; m * out];
+                matmul(&x, m, &p, &mut want);
+                let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
+                matmul_uninit(&x, m, &p, &mut y);
+                // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
+                let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+                assert_eq!(got, want, "{format:?} m={m}");
+            }
         }
     }
 
@@ -539,5 +722,9 @@ mod tests {
         assert!(PackedQ8::from_ggml(Format::Q8_0, &[0; 34], 1, 33).is_none());
         assert!(PackedQ8::from_ggml(Format::Q8_0, &[0; 33], 1, 32).is_none());
         assert!(PackedQ8::from_ggml(Format::Q4_0, &[0; 34], 1, 32).is_none());
+        // K-quant rows must be whole 256-value super-blocks.
+        assert!(PackedQ8::from_ggml(Format::Q4_K, &[0; 144], 2, 128).is_none());
+        assert!(PackedQ8::from_ggml(Format::Q6_K, &[0; 209], 1, 256).is_none());
+        assert!(PackedQ8::from_ggml(Format::Q6_K, &[], 1, 0).is_none());
     }
 }

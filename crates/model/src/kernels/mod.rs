@@ -9,6 +9,69 @@ pub mod rowwise;
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::sync::OnceLock;
+
+/// The widest x86 vector extension the kernels may use. `FLINT_CPU_ISA` (`scalar`, `avx2`,
+/// `avx512`) lowers it from what the CPU has, to measure or work around a path; every path
+/// gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IsaCap {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl std::str::FromStr for IsaCap {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "scalar" => Ok(IsaCap::Scalar),
+            "avx2" => Ok(IsaCap::Avx2),
+            "avx512" | "native" | "" => Ok(IsaCap::Avx512),
+            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2 or avx512)")),
+        }
+    }
+}
+
+/// The cap from `FLINT_CPU_ISA`, read once (an unreadable value caps nothing; the CLI refuses
+/// it before any kernel runs).
+pub fn isa_cap() -> IsaCap {
+    static CAP: OnceLock<IsaCap> = OnceLock::new();
+    *CAP.get_or_init(|| std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(IsaCap::Avx512))
+}
+
+/// AVX-512 F and BW, allowed by the cap.
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        isa_cap() >= IsaCap::Avx512 && has!("avx512f") && has!("avx512bw") && has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// AVX2 with FMA and F16C (every AVX2 CPU has them), allowed by the cap.
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        isa_cap() >= IsaCap::Avx2 && has!("avx2") && has!("fma") && has!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// AVX-512 VNNI on top of [`has_avx512`].
+pub(crate) fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx512() && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
@@ -79,4 +142,18 @@ pub(crate) fn by_panel_stripes(
             Stripe { y: ptr.0, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
         fill(p0, p1, &mut stripe);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IsaCap;
+
+    #[test]
+    fn isa_cap_parses_and_orders() {
+        assert_eq!("AVX2".parse::<IsaCap>(), Ok(IsaCap::Avx2));
+        assert_eq!("scalar".parse::<IsaCap>(), Ok(IsaCap::Scalar));
+        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512));
+        assert!("sse9".parse::<IsaCap>().unwrap_err().contains("sse9"));
+        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512);
+    }
 }

@@ -104,7 +104,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if super::has_avx512() {
         // SAFETY: AVX-512F was just detected. The same IEEE operations, wider vectors.
         return unsafe { silu_mul_row_avx512(g, u, o) };
     }

@@ -1,0 +1,338 @@
+//! The x86 paths of [`super`]: AVX-512 quantization, the VNNI tile and the AVX2 tile. Each
+//! computes exactly [`super::tile_scalar`]'s integers and f32 operations, in its order.
+
+use super::{Format, QuantRow, COLS, QK, ROWS, SUPER};
+use std::arch::x86_64::*;
+
+const Q8_0: u8 = Format::Q8_0.tag();
+const Q4_0: u8 = Format::Q4_0.tag();
+const Q4_K: u8 = Format::Q4_K.tag();
+const Q6_K: u8 = Format::Q6_K.tag();
+
+/// [`super::quantize_row_scalar`] sixteen lanes at a time: the same max, the same `1/scale`, the
+/// same round-to-nearest-even, so the same bytes.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
+    let nb = x.len() / QK;
+    let mut row = QuantRow { q: vec![0i8; nb * QK], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb] };
+    let magic = _mm512_set1_ps(12_582_912.0);
+    let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+    for b in 0..nb {
+        let p = x.as_ptr().add(b * QK);
+        let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        let scale = amax / 127.0;
+        *row.d.get_unchecked_mut(b) = scale;
+        if scale > 0.0 {
+            let inv = _mm512_set1_ps(1.0 / scale);
+            let round = |v| {
+                let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), magic), magic);
+                _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(r), lo), hi)
+            };
+            let (i0, i1) = (round(v0), round(v1));
+            let out = row.q.as_mut_ptr().add(b * QK);
+            _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(i1));
+            let half = _mm512_reduce_add_epi32(i0);
+            *row.half.get_unchecked_mut(b) = half;
+            *row.sum.get_unchecked_mut(b) = half + _mm512_reduce_add_epi32(i1);
+        }
+    }
+    row
+}
+
+/// Blocks of weight stream prefetched ahead: the loop carries enough arithmetic per byte that
+/// the out-of-order window alone does not keep enough cache misses in flight.
+const PREFETCH_BLOCKS: usize = 8;
+
+/// Prefetch the panel block `PREFETCH_BLOCKS` after the one at `base` (past the panel's end
+/// the address is only a hint, never read).
+#[inline(always)]
+unsafe fn prefetch_ahead(base: *const u8, pb: usize) {
+    let ahead = base.wrapping_add(PREFETCH_BLOCKS * pb);
+    let mut line = 0;
+    while line < pb {
+        _mm_prefetch(ahead.wrapping_add(line) as *const i8, _MM_HINT_T0);
+        line += 64;
+    }
+}
+
+/// The VNNI tile for `rows.len()` (≤ `ROWS`) rows of `format`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_vnni(format: Format, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+    macro_rules! by_rows {
+        ($f:expr) => {
+            match rows.len() {
+                1 => vnni::<{ $f }, 1>(rows, panel, nb, acc),
+                2 => vnni::<{ $f }, 2>(rows, panel, nb, acc),
+                3 => vnni::<{ $f }, 3>(rows, panel, nb, acc),
+                4 => vnni::<{ $f }, 4>(rows, panel, nb, acc),
+                5 => vnni::<{ $f }, 5>(rows, panel, nb, acc),
+                6 => vnni::<{ $f }, 6>(rows, panel, nb, acc),
+                7 => vnni::<{ $f }, 7>(rows, panel, nb, acc),
+                _ => vnni::<{ $f }, 8>(rows, panel, nb, acc),
+            }
+        };
+    }
+    match format {
+        Format::Q8_0 => by_rows!(Q8_0),
+        Format::Q4_0 => by_rows!(Q4_0),
+        Format::Q4_K => by_rows!(Q4_K),
+        Format::Q6_K => by_rows!(Q6_K),
+    }
+}
+
+/// Q6_K's top two bits of group `g % 4` from its 2-bit-field vector, at bits 4–5 of each byte.
+/// (The 16-bit shifts carry bits across bytes only into positions the mask drops.)
+#[inline(always)]
+unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
+    let m = _mm512_set1_epi8(0x30);
+    match g % 4 {
+        0 => _mm512_and_si512(_mm512_slli_epi16(h, 4), m),
+        1 => _mm512_and_si512(_mm512_slli_epi16(h, 2), m),
+        2 => _mm512_and_si512(h, m),
+        _ => _mm512_and_si512(_mm512_srli_epi16(h, 2), m),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+    let format = Format::from_tag(F);
+    let (vals, pb) = (format.values(), format.panel_block());
+    let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
+    let (mut sum, mut half) = ([std::ptr::null::<i32>(); R], [std::ptr::null::<i32>(); R]);
+    for r in 0..R {
+        let row = rows.get_unchecked(r);
+        (xq[r], dx[r], sum[r], half[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.sum.as_ptr(), row.half.as_ptr());
+    }
+    let mut f = [_mm512_setzero_ps(); R];
+    let low = _mm512_set1_epi8(0x0F);
+    let (mut d, mut nmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for b in 0..nb {
+        if (F == Q4_K || F == Q6_K) && b % SUPER == 0 {
+            let h = panel.as_ptr().add(format.header_at(b));
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(h as *const __m256i));
+            if F == Q4_K {
+                let dmin = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(h.add(2 * COLS) as *const __m256i)));
+                // −dmin exactly (a sign flip: `0 − dmin` would give +0 for dmin = +0).
+                nmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, _mm512_set1_epi32(i32::MIN)));
+            }
+        }
+        let base = panel.as_ptr().add(format.block_at(b));
+        prefetch_ahead(base, pb);
+        // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale).
+        let (mut ia, mut ib) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+        macro_rules! dot {
+            ($acc:ident, $g:expr, $w:expr) => {{
+                let w = $w;
+                for r in 0..R {
+                    let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
+                    $acc[r] = _mm512_dpbusd_epi32($acc[r], w, _mm512_set1_epi32(x));
+                }
+            }};
+        }
+        let load = |at: usize| _mm512_loadu_si512(base.add(at) as *const _);
+        if F == Q8_0 {
+            for g in 0..8 {
+                dot!(ia, g, load(g * COLS * 4));
+            }
+        } else if F == Q6_K {
+            let (h0, h1) = (load(COLS * QK / 2), load(COLS * QK / 2 + 64));
+            for g in 0..4 {
+                let v = load(g * COLS * 4);
+                let wa = _mm512_or_si512(_mm512_and_si512(v, low), q6_high_512(h0, g));
+                dot!(ia, g, wa);
+                let wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                dot!(ib, g + 4, _mm512_or_si512(wb, q6_high_512(h1, g)));
+            }
+        } else {
+            for g in 0..4 {
+                let v = load(g * COLS * 4);
+                dot!(ia, g, _mm512_and_si512(v, low));
+                dot!(ia, g + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+            }
+        }
+        let meta = base.add(vals);
+        match F {
+            Q4_K => {
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(meta as *const __m128i)));
+                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
+                let (ds, mn) = (_mm512_mul_ps(sc, d), _mm512_mul_ps(m, nmin));
+                for r in 0..R {
+                    let x = *dx[r].add(b);
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds, _mm512_set1_ps(x)), f[r]);
+                    f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x * *sum[r].add(b) as f32), f[r]);
+                }
+            }
+            Q6_K => {
+                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta as *const __m128i)));
+                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
+                let (ds0, ds1) = (_mm512_mul_ps(s0, d), _mm512_mul_ps(s1, d));
+                for r in 0..R {
+                    let (sm, hf, x) = (*sum[r].add(b), *half[r].add(b), _mm512_set1_ps(*dx[r].add(b)));
+                    let e0 = _mm512_sub_epi32(ia[r], _mm512_set1_epi32(32 * hf));
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e0), _mm512_mul_ps(ds0, x), f[r]);
+                    let e1 = _mm512_sub_epi32(ib[r], _mm512_set1_epi32(32 * (sm - hf)));
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e1), _mm512_mul_ps(ds1, x), f[r]);
+                }
+            }
+            _ => {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(meta as *const __m256i));
+                for r in 0..R {
+                    let corr = _mm512_set1_epi32(format.offset() * *sum[r].add(b));
+                    let e = _mm512_sub_epi32(ia[r], corr);
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), scale, f[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        _mm512_storeu_ps(acc[r].as_mut_ptr(), f[r]);
+    }
+}
+
+/// The AVX2 tile: rows four at a time, each pass over one half (8 columns) of the panel so the
+/// accumulators stay in the 16 registers (the panel is re-read from cache, not memory).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_avx2(format: Format, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+    macro_rules! by_rows {
+        ($f:expr, $rows:expr, $out:expr, $h:expr) => {
+            match $rows.len() {
+                1 => avx2::<{ $f }, 1>($rows, panel, nb, $out, $h),
+                2 => avx2::<{ $f }, 2>($rows, panel, nb, $out, $h),
+                3 => avx2::<{ $f }, 3>($rows, panel, nb, $out, $h),
+                _ => avx2::<{ $f }, 4>($rows, panel, nb, $out, $h),
+            }
+        };
+    }
+    for (chunk, out) in rows.chunks(4).zip(acc.chunks_mut(4)) {
+        for h in 0..2 {
+            match format {
+                Format::Q8_0 => by_rows!(Q8_0, chunk, out, h),
+                Format::Q4_0 => by_rows!(Q4_0, chunk, out, h),
+                Format::Q4_K => by_rows!(Q4_K, chunk, out, h),
+                Format::Q6_K => by_rows!(Q6_K, chunk, out, h),
+            }
+        }
+    }
+}
+
+/// [`q6_high_512`] on 32 bytes.
+#[inline(always)]
+unsafe fn q6_high_256(h: __m256i, g: usize) -> __m256i {
+    let m = _mm256_set1_epi8(0x30);
+    match g % 4 {
+        0 => _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
+        1 => _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
+        2 => _mm256_and_si256(h, m),
+        _ => _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+    }
+}
+
+/// Columns `8h..8h + 8` of `R` rows. `vpmaddubsw` adds pairs into i16 with saturation, so it
+/// may only see products that cannot overflow: the 4- and 6-bit weights (≤ 63 × 127 × 2) go in
+/// as stored, while Q8_0 goes in as `|w|` against `x` carrying `w`'s sign (≤ 128 × 127 × 2),
+/// which yields `Σ x·w` with no offset to take back.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2<const F: u8, const R: usize>(
+    rows: &[QuantRow],
+    panel: &[u8],
+    nb: usize,
+    out: &mut [[f32; COLS]],
+    h: usize,
+) {
+    let format = Format::from_tag(F);
+    let (vals, pb) = (format.values(), format.panel_block());
+    let mut f = [_mm256_setzero_ps(); R];
+    let (low, ones, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+    let (mut d, mut nmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for b in 0..nb {
+        if (F == Q4_K || F == Q6_K) && b % SUPER == 0 {
+            let hd = panel.as_ptr().add(format.header_at(b) + h * 16);
+            d = _mm256_cvtph_ps(_mm_loadu_si128(hd as *const __m128i));
+            if F == Q4_K {
+                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(hd.add(2 * COLS) as *const __m128i));
+                nmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0));
+            }
+        }
+        let base = panel.as_ptr().add(format.block_at(b));
+        if h == 0 {
+            prefetch_ahead(base, pb);
+        }
+        let (mut ia, mut ib) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+        macro_rules! dot {
+            ($acc:ident, $g:expr, $w:expr) => {{
+                let w = $w;
+                // Q8_0: `|w|` unsigned, the sign moved onto x.
+                let (wu, ws) = if F == Q8_0 {
+                    let s = _mm256_xor_si256(w, flip);
+                    (_mm256_abs_epi8(s), s)
+                } else {
+                    (w, w)
+                };
+                for r in 0..R {
+                    let xv = (rows.get_unchecked(r).q.as_ptr().add(b * QK + $g * 4) as *const i32).read_unaligned();
+                    let mut x = _mm256_set1_epi32(xv);
+                    if F == Q8_0 {
+                        x = _mm256_sign_epi8(x, ws);
+                    }
+                    $acc[r] = _mm256_add_epi32($acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wu, x), ones));
+                }
+            }};
+        }
+        let load = |at: usize| _mm256_loadu_si256(base.add(at + h * 32) as *const __m256i);
+        if F == Q8_0 {
+            for g in 0..8 {
+                dot!(ia, g, load(g * COLS * 4));
+            }
+        } else if F == Q6_K {
+            let (h0, h1) = (load(COLS * QK / 2), load(COLS * QK / 2 + 64));
+            for g in 0..4 {
+                let v = load(g * COLS * 4);
+                dot!(ia, g, _mm256_or_si256(_mm256_and_si256(v, low), q6_high_256(h0, g)));
+                let wb = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                dot!(ib, g + 4, _mm256_or_si256(wb, q6_high_256(h1, g)));
+            }
+        } else {
+            for g in 0..4 {
+                let v = load(g * COLS * 4);
+                dot!(ia, g, _mm256_and_si256(v, low));
+                dot!(ia, g + 4, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            }
+        }
+        let meta = base.add(vals);
+        let bytes = |at: usize| _mm_loadl_epi64(meta.add(at + h * 8) as *const __m128i);
+        for r in 0..R {
+            let row = rows.get_unchecked(r);
+            let (x, sm, hf) = (*row.d.get_unchecked(b), *row.sum.get_unchecked(b), *row.half.get_unchecked(b));
+            let xv = _mm256_set1_ps(x);
+            match F {
+                Q4_K => {
+                    let ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(0))), d);
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_mul_ps(ds, xv), f[r]);
+                    let mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(COLS))), nmin);
+                    f[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x * sm as f32), f[r]);
+                }
+                Q6_K => {
+                    let ds0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(0))), d);
+                    let e0 = _mm256_sub_epi32(ia[r], _mm256_set1_epi32(32 * hf));
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e0), _mm256_mul_ps(ds0, xv), f[r]);
+                    let ds1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(COLS))), d);
+                    let e1 = _mm256_sub_epi32(ib[r], _mm256_set1_epi32(32 * (sm - hf)));
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e1), _mm256_mul_ps(ds1, xv), f[r]);
+                }
+                _ => {
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(meta.add(h * 16) as *const __m128i));
+                    // Q8_0's sums are signed already (see above).
+                    let off = if F == Q8_0 { 0 } else { format.offset() };
+                    let e = _mm256_sub_epi32(ia[r], _mm256_set1_epi32(off * sm));
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_mul_ps(dw, xv), f[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        _mm256_storeu_ps(out[r].as_mut_ptr().add(h * 8), f[r]);
+    }
+}
