@@ -63,7 +63,7 @@ for t in $TYPES; do
   run "flint-latency-$t" "$F" bench latency --model "$g" --prompt-len 512 --gen-len 128 --reps "$REPS" \
     --json "$WORK/raw/flint-latency-$t.json"
 done
-for t in q8_0 q4_0; do
+for t in q8_0 q4_0 q4_k q6_k; do
   case " $TYPES " in *" $t "*) ;; *) continue ;; esac
   g=$WORK/models/$SHAPE-$t/model-$t.gguf
   run "llama-batched-$t" "$B/llama-batched-bench" -m "$g" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
@@ -123,7 +123,7 @@ for t in types.split():
     lines.append(f"| {t} | {fmt(lp)} | {fmt(fp)} | {ratio(fp, lp)} | {fmt(lt)} | {fmt(ft)} | {ratio(ft, lt)} |")
 lines += ["", f"## {par} parallel sequences (aggregate decode tokens/s; 128-token prompts, 128 tokens each)", "",
           "| type | llama-batched-bench S_TG | flint decode phase | ratio |", "|---|---:|---:|---:|"]
-for t in ["q8_0", "q4_0"]:
+for t in ["q8_0", "q4_0", "q4_k", "q6_k"]:
     if t not in types.split():
         continue
     l = None
@@ -138,8 +138,9 @@ for t in ["q8_0", "q4_0"]:
     f = (float(m.group(1)), 0.0) if m else None
     lines.append(f"| {t} | {'–' if l is None else f'{l[0]:.2f}'} | {'–' if f is None else f'{f[0]:.2f}'} | {ratio(f, l)} |")
 lines += ["", "## Commands", "", "```sh"] + cmds + ["```", "", "## Raw outputs", ""]
+# Only this run's files: the raw directory also holds other types' earlier runs.
 for name in sorted(os.listdir(raw)):
-    if name.endswith(".txt") and not name.startswith("cmake"):
+    if name.endswith(".txt") and any(name.endswith(f"-{t}.txt") for t in types.split()):
         lines += [f"### {name}", "", "```", read(name).strip(), "```", ""]
 open(out, "w").write("\n".join(lines) + "\n")
 print(f"wrote {out}")
