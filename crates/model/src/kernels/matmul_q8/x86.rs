@@ -41,18 +41,25 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
     row
 }
 
-/// Blocks of weight stream prefetched ahead: the loop carries enough arithmetic per byte that
-/// the out-of-order window alone does not keep enough cache misses in flight.
-const PREFETCH_BLOCKS: usize = 8;
+/// How far ahead of the block being read the weight stream is prefetched, in bytes (rounded to
+/// whole panel blocks): into L2 well ahead, then into L1 shortly before use. The loop carries
+/// enough arithmetic per byte that the out-of-order window alone does not keep enough misses in
+/// flight. Measured on Q4_0 at one row (a 150 MB matrix, medians of 30 alternated runs): 9 KB to
+/// L2 plus 2.3 KB to L1 streamed 13–15% faster than 2.3 KB to L1 alone, and 6% faster than
+/// L2 alone; the non-temporal hint and no prefetch were slower.
+const PREFETCH_L2_BYTES: usize = 9216;
+const PREFETCH_L1_BYTES: usize = 2304;
 
-/// Prefetch the panel block `PREFETCH_BLOCKS` after the one at `base` (past the panel's end
-/// the address is only a hint, never read).
+/// Prefetch the panel blocks those distances after the one at `base` (past the panel's end the
+/// addresses are only hints, never read).
 #[inline(always)]
 unsafe fn prefetch_ahead(base: *const u8, pb: usize) {
-    let ahead = base.wrapping_add(PREFETCH_BLOCKS * pb);
+    let far = base.wrapping_add((PREFETCH_L2_BYTES / pb).max(1) * pb);
+    let near = base.wrapping_add((PREFETCH_L1_BYTES / pb).max(1) * pb);
     let mut line = 0;
     while line < pb {
-        _mm_prefetch(ahead.wrapping_add(line) as *const i8, _MM_HINT_T0);
+        _mm_prefetch(far.wrapping_add(line) as *const i8, _MM_HINT_T1);
+        _mm_prefetch(near.wrapping_add(line) as *const i8, _MM_HINT_T0);
         line += 64;
     }
 }
