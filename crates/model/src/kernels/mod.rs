@@ -158,3 +158,40 @@ fn panel_ranges(panels: usize, group: usize, threads: usize) -> Vec<(usize, usiz
     }
     ranges
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{panel_ranges, IsaCap};
+
+    #[test]
+    fn panel_ranges_cover_everything_once_and_shrink() {
+        for (panels, group, threads) in
+            [(56, 1, 2), (8, 1, 2), (9496, 1, 2), (57, 2, 2), (1, 2, 4), (300, 2, 1), (0, 1, 2)]
+        {
+            let r = panel_ranges(panels, group, threads);
+            let mut next = 0;
+            for (i, &(a, b)) in r.iter().enumerate() {
+                assert_eq!(a, next, "{panels}/{group}/{threads}: contiguous");
+                assert!(b > a, "non-empty");
+                if b != panels {
+                    assert_eq!((b - a) % group, 0, "whole groups but for the last");
+                }
+                if i > 0 {
+                    assert!(b - a <= r[i - 1].1 - r[i - 1].0, "{panels}/{group}/{threads}: shrinking {r:?}");
+                }
+                next = b;
+            }
+            assert_eq!(next, panels);
+        }
+        assert_eq!(panel_ranges(56, 1, 2)[0], (0, 14));
+    }
+
+    #[test]
+    fn isa_cap_parses_and_orders() {
+        assert_eq!("AVX2".parse::<IsaCap>(), Ok(IsaCap::Avx2));
+        assert_eq!("scalar".parse::<IsaCap>(), Ok(IsaCap::Scalar));
+        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512));
+        assert!("sse9".parse::<IsaCap>().unwrap_err().contains("sse9"));
+        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512);
+    }
+}
