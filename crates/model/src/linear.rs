@@ -76,6 +76,36 @@ impl Linear {
         })
     }
 
+    /// [`forward_vec`](Self::forward_vec) of several projections of the same `x` in one kernel
+    /// call, when every one is a CPU int8 weight (the rows are quantized once and the matrices
+    /// share one parallel region); `None` otherwise. Each result has the bits its own
+    /// `forward_vec` gives.
+    pub fn forward_vec_many(x: &Tensor, linears: &[&Linear]) -> Result<Option<Vec<Vec<f32>>>> {
+        let mut parts = Vec::with_capacity(linears.len());
+        for l in linears {
+            match l {
+                Linear::PackedQ8 { w, b } => parts.push((w.as_ref(), b.as_ref())),
+                _ => return Ok(None),
+            }
+        }
+        let (m, _) = x.dims2()?;
+        // Not zero-filled first: the kernel writes every output (as in `on_cpu_vec`).
+        let mut ys: Vec<Vec<f32>> = parts.iter().map(|(w, _)| Vec::with_capacity(m * w.out_features())).collect();
+        let ws: Vec<&PackedQ8> = parts.iter().map(|(w, _)| *w).collect();
+        with_f32(x, |xs| {
+            let mut views: Vec<&mut [MaybeUninit<f32>]> =
+                ys.iter_mut().zip(&ws).map(|(y, w)| &mut y.spare_capacity_mut()[..m * w.out_features()]).collect();
+            matmul_q8::matmul_many_uninit(xs, m, &ws, &mut views)
+        })?;
+        for ((y, w), (_, bias)) in ys.iter_mut().zip(&ws).zip(&parts) {
+            // SAFETY: `matmul_many_uninit` wrote all `m · out` values of each output (it is
+            // only skipped when `with_f32` fails, which returned early above).
+            unsafe { y.set_len(m * w.out_features()) };
+            add_bias(y, w.out_features(), *bias)?;
+        }
+        Ok(Some(ys))
+    }
+
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {
@@ -127,10 +157,16 @@ fn on_cpu_vec(
     // row of every panel in its range, and the stripes cover all panels); `with_f32` only
     // returns Ok after running the kernel.
     unsafe { y.set_len(m * out) };
+    add_bias(&mut y, out, bias)?;
+    Ok(y)
+}
+
+/// Add `bias` (`[out]`) to every `out`-wide row of `y`.
+fn add_bias(y: &mut [f32], out: usize, bias: Option<&Tensor>) -> Result<()> {
     if let Some(b) = bias {
         with_f32(b, |bs| y.chunks_exact_mut(out).for_each(|row| row.iter_mut().zip(bs).for_each(|(v, b)| *v += b)))?;
     }
-    Ok(y)
+    Ok(())
 }
 
 /// Repack a CPU Q8_0, Q4_0, Q4_K or Q6_K `[out, in]` weight for flint's int8 kernel; `None`

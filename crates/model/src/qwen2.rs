@@ -221,7 +221,16 @@ impl Qwen2Model {
                 x = rowwise::add(&x, &layer.o_proj.forward(&attn)?)?;
                 let eps = layer.post_attention_layernorm.eps;
                 let h = rowwise::rms_norm(&x, &layer.post_attention_layernorm.weight, eps)?;
-                let gated = rowwise::silu_mul(&layer.gate_proj.forward(&h)?, &layer.up_proj.forward(&h)?)?;
+                let fused = Linear::forward_vec_many(&h, &[&layer.gate_proj, &layer.up_proj])?
+                    .and_then(|v| <[Vec<f32>; 2]>::try_from(v).ok());
+                let gated = match fused {
+                    Some([gate, up]) => {
+                        let (n, dev) = (h.dim(0)?, h.device());
+                        let shape = (n, gate.len() / n.max(1));
+                        rowwise::silu_mul(&Tensor::from_vec(gate, shape, dev)?, &Tensor::from_vec(up, shape, dev)?)?
+                    }
+                    None => rowwise::silu_mul(&layer.gate_proj.forward(&h)?, &layer.up_proj.forward(&h)?)?,
+                };
                 x = rowwise::add(&x, &layer.down_proj.forward(&gated)?)?;
             }
         } else {
@@ -268,14 +277,21 @@ impl Qwen2Model {
     ) -> Result<Tensor> {
         let n = h.dim(0)?;
         let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
-        let rotated = |proj: &Linear, heads: usize| -> Result<Tensor> {
-            let mut v = proj.forward(h)?.flatten_all()?.to_vec1::<f32>()?;
-            rowwise::rope(&mut v, n, heads, d, cos, sin);
-            Ok(Tensor::from_vec(v, (n, heads, d), h.device())?)
+        let projections = [&layer.q_proj, &layer.k_proj, &layer.v_proj];
+        // One kernel call for the three when they are int8 (see `Linear::forward_vec_many`).
+        let fused = Linear::forward_vec_many(h, &projections)?.and_then(|v| <[Vec<f32>; 3]>::try_from(v).ok());
+        let [mut q, mut k, v] = match fused {
+            Some(qkv) => qkv,
+            None => {
+                let vec = |p: &Linear| -> Result<Vec<f32>> { Ok(p.forward(h)?.flatten_all()?.to_vec1::<f32>()?) };
+                [vec(&layer.q_proj)?, vec(&layer.k_proj)?, vec(&layer.v_proj)?]
+            }
         };
-        let q = rotated(&layer.q_proj, hq)?;
-        let k = rotated(&layer.k_proj, hkv)?;
-        let v = layer.v_proj.forward(h)?.reshape((n, hkv, d))?;
+        rowwise::rope(&mut q, n, hq, d, cos, sin);
+        rowwise::rope(&mut k, n, hkv, d, cos, sin);
+        let dev = h.device();
+        let (q, k) = (Tensor::from_vec(q, (n, hq, d), dev)?, Tensor::from_vec(k, (n, hkv, d), dev)?);
+        let v = Tensor::from_vec(v, (n, hkv, d), dev)?;
         cache.attention(l, batch, &q, &k, &v, layer.sliding_window)
     }
 

@@ -27,7 +27,7 @@
 use std::mem::MaybeUninit;
 use std::sync::{Mutex, OnceLock};
 
-use super::{as_uninit, by_panel_stripes, pool};
+use super::{as_uninit, by_panel_stripes_many, pool};
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -401,32 +401,50 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
 
 /// [`matmul`] into an uninitialised `y`; every one of its `m · out` values is written.
 pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
-    run(detect_isa(), x, m, w, y)
+    run(detect_isa(), x, m, &[w], &mut [y])
+}
+
+/// Several matrices with the same input width applied to the same `x` (a layer's q/k/v, or its
+/// gate/up), into uninitialised `ys[j]` (`[m][ws[j].out]`), every value written. The rows are
+/// quantized once and all the matrices share one parallel region; each output has exactly the
+/// bits [`matmul`] gives it alone. The formats may differ (Q4_K_M mixes Q4_K and Q6_K).
+pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUninit<f32>]]) {
+    run(detect_isa(), x, m, ws, ys)
 }
 
 /// [`matmul`] on a chosen path (one this CPU lacks falls back to scalar: same bits).
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
-    run(isa, x, m, w, as_uninit(y))
+    run(isa, x, m, &[w], &mut [as_uninit(y)])
 }
 
-fn run(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
+fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUninit<f32>]]) {
     let isa = if available(isa) { isa } else { Isa::Scalar };
-    assert_eq!(x.len(), m * w.inp, "q8 matmul input length");
-    assert_eq!(y.len(), m * w.out, "q8 matmul output length");
+    let inp = ws.first().map_or(0, |w| w.inp);
+    assert_eq!(ws.len(), ys.len(), "q8 matmul: one output per matrix");
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert_eq!(w.inp, inp, "q8 matmul: matrices of one input width");
+        assert_eq!(y.len(), m * w.out, "q8 matmul output length");
+    }
+    assert_eq!(x.len(), m * inp, "q8 matmul input length");
+    if ws.is_empty() {
+        return;
+    }
     // Rows quantize independently; a prompt's worth is worth splitting across the threads.
     let rows: Vec<QuantRow> = if m >= 8 {
         let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
         pool::run(m, |r| {
-            let _ = done[r].set(quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp]));
+            let _ = done[r].set(quantize_row(isa, &x[r * inp..(r + 1) * inp]));
         });
         // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
-        let redo = |r: usize| quantize_row(isa, &x[r * w.inp..(r + 1) * w.inp]);
+        let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
         done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
     } else {
-        x.chunks_exact(w.inp).map(|r| quantize_row(isa, r)).collect()
+        x.chunks_exact(inp).map(|r| quantize_row(isa, r)).collect()
     };
-    let (nb, panel_bytes) = (w.inp / QK, w.format.panel_bytes(w.inp / QK));
-    by_panel_stripes(m, w.out, COLS, 1, y, |p0, p1, stripe| {
+    let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
+    by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
+        let w = ws[j];
+        let (nb, panel_bytes) = (inp / QK, w.format.panel_bytes(inp / QK));
         for p in p0..p1 {
             let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
             for r0 in (0..m).step_by(ROWS) {
@@ -713,6 +731,32 @@ mod tests {
                 // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
                 let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
                 assert_eq!(got, want, "{format:?} m={m}");
+            }
+        }
+    }
+
+    /// Several matrices (mixed formats, ragged widths) in one call give each one's own bits.
+    #[test]
+    fn many_matrices_in_one_call_match_each_alone() {
+        let inp = 256;
+        let specs = [(Format::Q4_K, 40), (Format::Q6_K, 16), (Format::Q8_0, 9), (Format::Q4_0, 33)];
+        let ps: Vec<PackedQ8> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(f, out))| PackedQ8::from_ggml(f, &random_blocks(f, out, inp, 40 + i as u32), out, inp).unwrap())
+            .collect();
+        for m in [1, 3, 9] {
+            let x = data(m * inp, 50 + m as u32);
+            let mut ys: Vec<Vec<MaybeUninit<f32>>> =
+                ps.iter().map(|p| vec![MaybeUninit::new(f32::NAN); m * p.out]).collect();
+            let mut views: Vec<&mut [MaybeUninit<f32>]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+            matmul_many_uninit(&x, m, &ps.iter().collect::<Vec<_>>(), &mut views);
+            for (p, y) in ps.iter().zip(&ys) {
+                let mut alone = vec![0f32; m * p.out];
+                matmul(&x, m, p, &mut alone);
+                // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
+                let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+                assert_eq!(got, alone, "{:?} m={m}", p.format);
             }
         }
     }

@@ -134,15 +134,45 @@ pub(crate) fn by_panel_stripes(
     y: &mut [MaybeUninit<f32>],
     fill: impl Fn(usize, usize, &mut Stripe) + Sync,
 ) {
-    assert!(y.len() >= m * cols, "output too short");
-    let ranges = panel_ranges(cols.div_ceil(width), group, pool::threads());
-    let (ptr, len) = (SendPtr(y.as_mut_ptr().cast::<f32>()), y.len());
-    let ptr = &ptr;
-    pool::run(ranges.len(), |task| {
-        let (p0, p1) = ranges[task];
+    by_panel_stripes_many(m, &[cols], width, group, &mut [y], |_, p0, p1, stripe| fill(p0, p1, stripe));
+}
+
+/// [`by_panel_stripes`] over several matrices that read the same rows, in one parallel region:
+/// output `j` is `ys[j]` (`[m][cols[j]]`), and `fill(j, p0, p1, stripe)` computes its panels
+/// `p0..p1`. The ranges are cut from all the panels in sequence (and at the matrices' borders),
+/// so small matrices (a layer's k/v projections) share one start and one finish with the rest.
+pub(crate) fn by_panel_stripes_many(
+    m: usize,
+    cols: &[usize],
+    width: usize,
+    group: usize,
+    ys: &mut [&mut [MaybeUninit<f32>]],
+    fill: impl Fn(usize, usize, usize, &mut Stripe) + Sync,
+) {
+    assert_eq!(cols.len(), ys.len(), "one output per matrix");
+    let mut tasks = Vec::new(); // (matrix, first panel, end panel)
+    let (mut start, mut ranges) = (0, Vec::new());
+    for (j, (&c, y)) in cols.iter().zip(ys.iter()).enumerate() {
+        assert!(y.len() >= m * c, "output too short");
+        ranges.push((j, start, start + c.div_ceil(width)));
+        start += c.div_ceil(width);
+    }
+    for (p0, p1) in panel_ranges(start, group, pool::threads()) {
+        for &(j, s, e) in &ranges {
+            let (a, b) = (p0.max(s), p1.min(e));
+            if a < b {
+                tasks.push((j, a - s, b - s));
+            }
+        }
+    }
+    let outs: Vec<(SendPtr, usize)> = ys.iter_mut().map(|y| (SendPtr(y.as_mut_ptr().cast::<f32>()), y.len())).collect();
+    let outs = &outs;
+    pool::run(tasks.len(), |task| {
+        let (j, p0, p1) = tasks[task];
+        let (ptr, len, cols) = (outs[j].0 .0, outs[j].1, cols[j]);
         let mut stripe =
-            Stripe { y: ptr.0, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
-        fill(p0, p1, &mut stripe);
+            Stripe { y: ptr, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
+        fill(j, p0, p1, &mut stripe);
     });
 }
 
