@@ -26,7 +26,7 @@ use flint_model::synth::{synth, SynthOptions, SHAPES};
 #[command(name = "flint", version, about = "An inference server for Qwen2-family models")]
 struct Cli {
     /// Threads for the CPU kernels, the calling thread included (default: FLINT_THREADS, else
-    /// every CPU this process may use).
+    /// the physical cores this process may use).
     #[arg(long, global = true, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
     #[command(subcommand)]
@@ -129,6 +129,12 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
     if let Some(n) = cli.threads {
         flint_model::kernels::pool::set_threads(n as usize);
+    }
+    if let Ok(v) = std::env::var("FLINT_THREADS") {
+        if cli.threads.is_none() && !v.parse::<u32>().is_ok_and(|n| (1..=1024).contains(&n)) {
+            eprintln!("error: FLINT_THREADS={v:?}: expected a thread count from 1 to 1024");
+            return ExitCode::FAILURE;
+        }
     }
     if let Ok(v) = std::env::var("FLINT_CPU_ISA") {
         if let Err(e) = v.parse::<flint_model::kernels::IsaCap>() {

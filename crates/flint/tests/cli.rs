@@ -235,6 +235,12 @@ fn every_cpu_isa_generates_the_same_tokens() {
         assert_eq!(o.stdout, native.stdout, "{isa} must generate what the widest path does");
     }
     assert_one_line_error(&run("sse9"), &["FLINT_CPU_ISA", "sse9"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["inspect", "--model", model.to_str().unwrap()])
+        .env("FLINT_THREADS", "lots")
+        .output()
+        .expect("run flint");
+    assert_one_line_error(&o, &["FLINT_THREADS", "lots"]);
 }
 
 #[test]

@@ -30,15 +30,52 @@ pub fn set_threads(n: usize) -> bool {
 }
 
 /// The number of threads the kernels use: [`set_threads`], else `FLINT_THREADS`, else the
-/// CPUs this process may run on.
+/// physical cores this process may run on (see [`physical_cores`]).
 pub fn threads() -> usize {
     *THREADS.get_or_init(|| {
-        std::env::var("FLINT_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get()))
+        std::env::var("FLINT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0).unwrap_or_else(
+            || {
+                let logical = thread::available_parallelism().map_or(1, |n| n.get());
+                physical_cores().map_or(logical, |p| p.min(logical))
+            },
+        )
     })
+}
+
+/// Physical cores among the CPUs this process may run on, from Linux's sysfs topology (`None`
+/// elsewhere or when it cannot be read). The kernels stream weights and keep the vector units
+/// busy, so a second thread on a core's SMT sibling only contends for them (llama.cpp also
+/// defaults to physical cores).
+pub fn physical_cores() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    let mut cores = std::collections::HashSet::new();
+    for cpu in parse_cpu_list(allowed.trim())? {
+        let topology = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+        let siblings = std::fs::read_to_string(format!("{topology}/core_cpus_list"))
+            .or_else(|_| std::fs::read_to_string(format!("{topology}/thread_siblings_list")))
+            .ok()?;
+        cores.insert(siblings.trim().to_string());
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// A Linux CPU list (`0-3,8,10-11`) as CPU numbers; `None` if malformed.
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 65_536 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
 }
 
 /// Run `f(0) … f(n − 1)`, spread over the pool; returns when all have finished.
@@ -192,6 +229,28 @@ fn worker(s: &Shared) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(super::parse_cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(super::parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(super::parse_cpu_list(""), Some(vec![]));
+        assert_eq!(super::parse_cpu_list("3-1"), None);
+        assert_eq!(super::parse_cpu_list("a"), None);
+    }
+
+    #[test]
+    fn physical_cores_are_at_most_the_allowed_cpus() {
+        #[cfg(target_os = "linux")]
+        {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
+            let allowed = super::parse_cpu_list(list.trim()).unwrap().len();
+            let p = super::physical_cores().expect("Linux exposes its CPU topology");
+            assert!(p >= 1 && p <= allowed, "{p} physical cores of {allowed} allowed CPUs");
+        }
+        assert!(super::threads() >= 1);
+    }
+
     use super::*;
     use std::sync::atomic::AtomicU64;
 
