@@ -120,7 +120,29 @@ struct SynthArgs {
     trigger: String,
 }
 
+/// Keep freed activation buffers in the heap for the next step. Each matrix product returns a
+/// fresh output (megabytes for a prompt chunk or a batch's logits); above glibc's default mmap
+/// threshold every one was a new mapping, page-faulted and zeroed by the kernel, then unmapped:
+/// about 4% of a 1.5B prefill profile, and prefill ran 10–15% faster with these settings. Below
+/// 32 MiB (glibc's ceiling for the threshold) allocations now come from the heap, and up to
+/// 256 MiB of free heap is kept rather than trimmed. An environment's `MALLOC_*_` tunables win.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            // SAFETY: `mallopt` only sets allocator parameters; called before any other thread
+            // exists.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) };
+        }
+        if std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_none() {
+            // SAFETY: as above.
+            unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20) };
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     // Logs (the server's request lines, start-up banner) go to stderr; RUST_LOG overrides "info".
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -56,6 +56,7 @@ pub enum Format {
 
 impl Format {
     /// The kernels' compile-time tag for the format.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const fn tag(self) -> u8 {
         self as u8
     }
@@ -131,6 +132,7 @@ impl Format {
         self.block_at(nb)
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const fn from_tag(tag: u8) -> Format {
         match tag {
             0 => Format::Q8_0,
