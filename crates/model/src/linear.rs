@@ -76,18 +76,25 @@ impl Linear {
         })
     }
 
-    /// [`forward_vec`](Self::forward_vec) of several projections of the same `x` in one kernel
-    /// call, when every one is a CPU int8 weight (the rows are quantized once and the matrices
-    /// share one parallel region); `None` otherwise. Each result has the bits its own
+    /// [`forward_vec`](Self::forward_vec) of several projections of the same `x`. When every
+    /// one is a CPU int8 weight they go through one kernel call (the rows are quantized once and
+    /// the matrices share one parallel region); otherwise each runs its own `forward_vec`.
+    /// `None` when one of them has no flint kernel. Each result has the bits its own
     /// `forward_vec` gives.
     pub fn forward_vec_many(x: &Tensor, linears: &[&Linear]) -> Result<Option<Vec<Vec<f32>>>> {
-        let mut parts = Vec::with_capacity(linears.len());
-        for l in linears {
-            match l {
-                Linear::PackedQ8 { w, b } => parts.push((w.as_ref(), b.as_ref())),
-                _ => return Ok(None),
-            }
+        if !linears.iter().all(|l| matches!(l, Linear::Packed { .. } | Linear::PackedQ8 { .. })) {
+            return Ok(None);
         }
+        let int8: Option<Vec<_>> = linears
+            .iter()
+            .map(|l| match l {
+                Linear::PackedQ8 { w, b } => Some((w.as_ref(), b.as_ref())),
+                _ => None,
+            })
+            .collect();
+        let Some(parts) = int8 else {
+            return linears.iter().map(|l| l.forward_vec(x)).collect();
+        };
         let (m, _) = x.dims2()?;
         // Not zero-filled first: the kernel writes every output (as in `on_cpu_vec`).
         let mut ys: Vec<Vec<f32>> = parts.iter().map(|(w, _)| Vec::with_capacity(m * w.out_features())).collect();

@@ -278,7 +278,7 @@ impl Qwen2Model {
         let n = h.dim(0)?;
         let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
         let projections = [&layer.q_proj, &layer.k_proj, &layer.v_proj];
-        // One kernel call for the three when they are int8 (see `Linear::forward_vec_many`).
+        // Straight from flint's kernels, one call for the three when they are int8.
         let fused = Linear::forward_vec_many(h, &projections)?.and_then(|v| <[Vec<f32>; 3]>::try_from(v).ok());
         let [mut q, mut k, v] = match fused {
             Some(qkv) => qkv,

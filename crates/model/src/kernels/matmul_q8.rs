@@ -730,8 +730,7 @@ mod tests {
                 matmul(&x, m, &p, &mut want);
                 let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
                 matmul_uninit(&x, m, &p, &mut y);
-                // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
-                let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+                let got = crate::kernels::written(&y);
                 assert_eq!(got, want, "{format:?} m={m}");
             }
         }
@@ -756,8 +755,7 @@ mod tests {
             for (p, y) in ps.iter().zip(&ys) {
                 let mut alone = vec![0f32; m * p.out];
                 matmul(&x, m, p, &mut alone);
-                // SAFETY: filled with NaN above, so initialised whatever the kernel wrote.
-                let got: Vec<f32> = y.iter().map(|v| unsafe { v.assume_init() }).collect();
+                let got = crate::kernels::written(y);
                 assert_eq!(got, alone, "{:?} m={m}", p.format);
             }
         }

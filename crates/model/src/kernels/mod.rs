@@ -189,6 +189,14 @@ fn panel_ranges(panels: usize, group: usize, threads: usize) -> Vec<(usize, usiz
     ranges
 }
 
+/// The values of an output the tests pre-filled (with NaN) before a kernel wrote into it.
+#[cfg(test)]
+pub(crate) fn written(y: &[MaybeUninit<f32>]) -> Vec<f32> {
+    // SAFETY: the tests initialise every element before the kernel runs, so each is initialised
+    // whatever the kernel wrote.
+    y.iter().map(|v| unsafe { v.assume_init() }).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{panel_ranges, IsaCap};
