@@ -19,6 +19,7 @@ use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::kernels::attention::{paged_attention, PagedLayer, SeqView};
+use crate::kernels::huge_buf::HugeBuf;
 use crate::kernels::rowwise::with_f32;
 use crate::kv_cache::KvCache;
 
@@ -28,7 +29,7 @@ pub struct PagedKvCache {
     kv_heads: usize,
     head_dim: usize,
     /// Per layer, K and V pools of `num_blocks · kv_heads · block_size · head_dim` f32.
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    layers: Vec<(HugeBuf<f32>, HugeBuf<f32>)>,
 }
 
 impl PagedKvCache {
@@ -46,7 +47,8 @@ impl PagedKvCache {
             )));
         }
         let per_layer = num_blocks * cfg.num_key_value_heads * block_size * cfg.head_dim;
-        let layers = (0..cfg.num_hidden_layers).map(|_| (vec![0f32; per_layer], vec![0f32; per_layer])).collect();
+        let layers =
+            (0..cfg.num_hidden_layers).map(|_| (HugeBuf::zeroed(per_layer), HugeBuf::zeroed(per_layer))).collect();
         Ok(Self { block_size, num_blocks, kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim, layers })
     }
 

@@ -14,6 +14,7 @@
 
 use std::mem::MaybeUninit;
 
+use super::huge_buf::{HugeBuf, Plain};
 use super::{as_uninit, by_panel_stripes};
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
@@ -31,9 +32,9 @@ pub struct PackedF32 {
 
 #[derive(Clone)]
 enum PanelData {
-    F32(Vec<f32>),
+    F32(HugeBuf<f32>),
     /// bf16 bit patterns.
-    Bf16(Vec<u16>),
+    Bf16(HugeBuf<u16>),
 }
 
 /// One panel's values, `[in][16]`.
@@ -59,9 +60,9 @@ fn bf16_to_f32(bits: u16) -> f32 {
 }
 
 /// Lay a row-major `[out, in]` matrix out as panels.
-fn to_panels<T: Copy + Default>(w: &[T], out: usize, inp: usize) -> Vec<T> {
+fn to_panels<T: Plain>(w: &[T], out: usize, inp: usize) -> HugeBuf<T> {
     assert_eq!(w.len(), out * inp, "packed weight length");
-    let mut panels = vec![T::default(); out.div_ceil(PANEL) * inp * PANEL];
+    let mut panels = HugeBuf::<T>::zeroed(out.div_ceil(PANEL) * inp * PANEL);
     for (o, row) in w.chunks_exact(inp).enumerate() {
         let base = (o / PANEL) * inp * PANEL + o % PANEL;
         for (k, &v) in row.iter().enumerate() {

@@ -27,6 +27,7 @@
 use std::mem::MaybeUninit;
 use std::sync::{Mutex, OnceLock};
 
+use super::huge_buf::HugeBuf;
 use super::{as_uninit, by_panel_stripes_many, pool};
 
 #[cfg(target_arch = "x86_64")]
@@ -212,7 +213,7 @@ pub struct PackedQ8 {
     format: Format,
     out: usize,
     inp: usize,
-    data: Vec<u8>,
+    data: HugeBuf<u8>,
 }
 
 /// Layout entry of input `k` (0..32) of column `c` in a panel block.
@@ -276,7 +277,7 @@ impl PackedQ8 {
         }
         let nb = inp / QK;
         let panel_bytes = format.panel_bytes(nb);
-        let mut data = vec![0u8; out.div_ceil(COLS) * panel_bytes];
+        let mut data = HugeBuf::<u8>::zeroed(out.div_ceil(COLS) * panel_bytes);
         let row_bytes = (inp / gv) * gb;
         // Panels are independent: a 7B checkpoint's worth is worth packing on every thread.
         let panels: Vec<Mutex<&mut [u8]>> = data.chunks_mut(panel_bytes).map(Mutex::new).collect();

@@ -2,6 +2,7 @@
 //! (see each module for how) and tested against a plain reference.
 
 pub mod attention;
+pub mod huge_buf;
 pub mod matmul_f32;
 pub mod matmul_q8;
 pub mod pool;
