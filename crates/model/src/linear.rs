@@ -113,6 +113,21 @@ impl Linear {
         Ok(Some(ys))
     }
 
+    /// `silu(gate(x)) · up(x)` as a flat `Vec` `[n · out]` straight from the int8 kernel's fused
+    /// epilogue ([`matmul_q8::matmul_gated_uninit`]), when both are bias-free CPU int8 weights of
+    /// one shape; `None` otherwise. The bits are those of the two projections followed by
+    /// [`rowwise::silu_mul`](crate::kernels::rowwise::silu_mul).
+    pub fn forward_gated(x: &Tensor, gate: &Linear, up: &Linear) -> Result<Option<Vec<f32>>> {
+        let (Linear::PackedQ8 { w: g, b: None }, Linear::PackedQ8 { w: u, b: None }) = (gate, up) else {
+            return Ok(None);
+        };
+        if (g.in_features(), g.out_features()) != (u.in_features(), u.out_features()) {
+            return Ok(None);
+        }
+        let kernel = |xs: &[f32], m, y: &mut [MaybeUninit<f32>]| matmul_q8::matmul_gated_uninit(xs, m, g, u, y);
+        Ok(Some(on_cpu_vec(x, g.out_features(), None, kernel)?))
+    }
+
     /// `x`: `[n, in]` → `[n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, b) = match self {

@@ -221,16 +221,7 @@ impl Qwen2Model {
                 x = rowwise::add(&x, &layer.o_proj.forward(&attn)?)?;
                 let eps = layer.post_attention_layernorm.eps;
                 let h = rowwise::rms_norm(&x, &layer.post_attention_layernorm.weight, eps)?;
-                let fused = Linear::forward_vec_many(&h, &[&layer.gate_proj, &layer.up_proj])?
-                    .and_then(|v| <[Vec<f32>; 2]>::try_from(v).ok());
-                let gated = match fused {
-                    Some([gate, up]) => {
-                        let (n, dev) = (h.dim(0)?, h.device());
-                        let shape = (n, gate.len() / n.max(1));
-                        rowwise::silu_mul(&Tensor::from_vec(gate, shape, dev)?, &Tensor::from_vec(up, shape, dev)?)?
-                    }
-                    None => rowwise::silu_mul(&layer.gate_proj.forward(&h)?, &layer.up_proj.forward(&h)?)?,
-                };
+                let gated = self.gated_mlp_input(layer, &h)?;
                 x = rowwise::add(&x, &layer.down_proj.forward(&gated)?)?;
             }
         } else {
@@ -261,6 +252,25 @@ impl Qwen2Model {
     /// f32 on the CPU: the hidden state stays f32 and the row-wise ops are flint's own.
     fn cpu_f32(&self) -> bool {
         self.device.is_cpu() && self.dtype == DType::F32
+    }
+
+    /// `silu(gate_proj(h)) · up_proj(h)`: from the int8 kernel's fused epilogue when it can,
+    /// else the two projections (in one kernel call where possible) and flint's `silu_mul`.
+    fn gated_mlp_input(&self, layer: &Layer, h: &Tensor) -> Result<Tensor> {
+        let (n, dev) = (h.dim(0)?, h.device());
+        if let Some(v) = Linear::forward_gated(h, &layer.gate_proj, &layer.up_proj)? {
+            let shape = (n, v.len() / n.max(1));
+            return Ok(Tensor::from_vec(v, shape, dev)?);
+        }
+        let fused = Linear::forward_vec_many(h, &[&layer.gate_proj, &layer.up_proj])?
+            .and_then(|v| <[Vec<f32>; 2]>::try_from(v).ok());
+        match fused {
+            Some([gate, up]) => {
+                let shape = (n, gate.len() / n.max(1));
+                rowwise::silu_mul(&Tensor::from_vec(gate, shape, dev)?, &Tensor::from_vec(up, shape, dev)?)
+            }
+            None => rowwise::silu_mul(&layer.gate_proj.forward(h)?, &layer.up_proj.forward(h)?),
+        }
     }
 
     /// [`attention`](Self::attention) with RoPE applied in place on the projections' buffers.

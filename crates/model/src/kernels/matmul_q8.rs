@@ -432,18 +432,7 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
     if ws.is_empty() {
         return;
     }
-    // Rows quantize independently; a prompt's worth is worth splitting across the threads.
-    let rows: Vec<QuantRow> = if m >= 8 {
-        let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
-        pool::run(m, |r| {
-            let _ = done[r].set(quantize_row(isa, &x[r * inp..(r + 1) * inp]));
-        });
-        // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
-        let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
-        done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
-    } else {
-        x.chunks_exact(inp).map(|r| quantize_row(isa, r)).collect()
-    };
+    let rows = quantize_rows(isa, x, m, inp);
     let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let w = ws[j];
@@ -460,6 +449,59 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
             }
         }
     });
+}
+
+/// `silu(x·gateᵀ) · (x·upᵀ)`, elementwise, into uninitialised `y` `[m][out]` (every value
+/// written): a SiLU-gated MLP's first half in one pass. Each task computes the gate and up tiles
+/// of the same panel and combines them while they are in registers, so neither product is
+/// written out, read back or allocated, and no serial elementwise pass follows the parallel
+/// region. The bits are those of [`matmul`] for each matrix followed by
+/// [`rowwise::silu_mul`](super::rowwise::silu_mul).
+pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
+    gated_with(detect_isa(), x, m, gate, up, y)
+}
+
+fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
+    let isa = if available(isa) { isa } else { Isa::Scalar };
+    let (inp, out) = (gate.inp, gate.out);
+    assert!(up.inp == inp && up.out == out, "gated matmul: gate and up of one shape");
+    assert_eq!(y.len(), m * out, "gated matmul output length");
+    assert_eq!(x.len(), m * inp, "gated matmul input length");
+    let rows = quantize_rows(isa, x, m, inp);
+    let nb = inp / QK;
+    let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
+    by_panel_stripes_many(m, &[out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
+        for p in p0..p1 {
+            let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
+            for r0 in (0..m).step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(m);
+                let (mut g, mut u) = ([[0f32; COLS]; ROWS], [[0f32; COLS]; ROWS]);
+                tile(isa, gate, &rows[r0..r1], gp, nb, &mut g);
+                tile(isa, up, &rows[r0..r1], upn, nb, &mut u);
+                for (i, (g, u)) in g.iter().zip(&u).enumerate().take(r1 - r0) {
+                    let mut o = [0f32; COLS];
+                    super::rowwise::silu_mul_row(g, u, &mut o);
+                    stripe.put(r0 + i, p - p0, &o);
+                }
+            }
+        }
+    });
+}
+
+/// Each row of `x` `[m][inp]` quantized to int8 blocks. Rows are independent; a prompt's worth
+/// is worth splitting across the threads.
+fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
+    if m >= 8 {
+        let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
+        pool::run(m, |r| {
+            let _ = done[r].set(quantize_row(isa, &x[r * inp..(r + 1) * inp]));
+        });
+        // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
+        let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
+        done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
+    } else {
+        x.chunks_exact(inp).map(|r| quantize_row(isa, r)).collect()
+    }
 }
 
 fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
@@ -758,6 +800,31 @@ mod tests {
                 matmul(&x, m, p, &mut alone);
                 let got = crate::kernels::written(y);
                 assert_eq!(got, alone, "{:?} m={m}", p.format);
+            }
+        }
+    }
+
+    /// The fused gate/up epilogue gives the bits of the two products followed by `silu_mul`, on
+    /// every path, for mixed formats, a ragged last panel and several row counts.
+    #[test]
+    fn gated_matmul_is_the_two_products_then_silu_mul() {
+        let (inp, out) = (256, 40);
+        for (fg, fu) in [(Format::Q4_0, Format::Q4_0), (Format::Q8_0, Format::Q4_K), (Format::Q6_K, Format::Q4_K)] {
+            let g = PackedQ8::from_ggml(fg, &random_blocks(fg, out, inp, 61), out, inp).unwrap();
+            let u = PackedQ8::from_ggml(fu, &random_blocks(fu, out, inp, 62), out, inp).unwrap();
+            for m in [1, 5, 9] {
+                let x = data(m * inp, 70 + m as u32);
+                let (mut gy, mut uy) = (vec![0f32; m * out], vec![0f32; m * out]);
+                matmul(&x, m, &g, &mut gy);
+                matmul(&x, m, &u, &mut uy);
+                let mut want = vec![0f32; m * out];
+                crate::kernels::rowwise::silu_mul_row(&gy, &uy, &mut want);
+                for isa in ISAS {
+                    let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
+                    gated_with(isa, &x, m, &g, &u, &mut y);
+                    let got = crate::kernels::written(&y);
+                    assert_eq!(got, want, "{fg:?}/{fu:?} m={m} {isa:?}");
+                }
             }
         }
     }

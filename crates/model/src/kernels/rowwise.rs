@@ -102,7 +102,8 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     zip_rows(gate, up, true, silu_mul_row)
 }
 
-fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
+/// One row of [`silu_mul`] (also the gated matmul's epilogue, so the two give the same bits).
+pub(crate) fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx512() {
         // SAFETY: AVX-512F was just detected. The same IEEE operations, wider vectors.
