@@ -63,6 +63,16 @@ for t in $TYPES; do
   run "flint-latency-$t" "$F" bench latency --model "$g" --prompt-len 512 --gen-len 128 --reps "$REPS" \
     --json "$WORK/raw/flint-latency-$t.json"
 done
+# The ceiling for decode: this machine's memory bandwidth, measured in the same run, with 4 KiB
+# pages and with the huge pages flint's weights use (scripts/membw.c; skipped without a C
+# compiler with OpenMP). The weights' bytes per token come from `flint inspect`.
+rm -f "$WORK/raw/membw.txt"
+if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$WORK/raw/membw-build.log"; then
+  run "membw" env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
+fi
+for t in $TYPES; do
+  run "flint-inspect-$t" "$F" inspect --model "$WORK/models/$SHAPE-$t/model-$t.gguf"
+done
 for t in q8_0 q4_0 q4_k q6_k; do
   case " $TYPES " in *" $t "*) ;; *) continue ;; esac
   g=$WORK/models/$SHAPE-$t/model-$t.gguf
@@ -137,10 +147,34 @@ for t in ["q8_0", "q4_0", "q4_k", "q6_k"]:
     m = re.search(r"decode phase ([0-9.]+) tok/s", read(f"flint-parallel-{t}.txt"))
     f = (float(m.group(1)), 0.0) if m else None
     lines.append(f"| {t} | {'–' if l is None else f'{l[0]:.2f}'} | {'–' if f is None else f'{f[0]:.2f}'} | {ratio(f, l)} |")
+bw = {m.group(1): {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", m.group(0))}
+      for m in re.finditer(r"membw pages=(\w+) .*", read("membw.txt"))}
+if bw:
+    lines += ["", f"## Decode against memory bandwidth ({threads} threads)", "",
+              "`scripts/membw.c`, run in this same session: a read-only sum and a STREAM-style triad over 1 GiB "
+              "arrays, best and median of 7 (GB/s).", "",
+              "| pages | read best | read median | triad best | triad median |", "|---|---:|---:|---:|---:|"]
+    for pages, v in bw.items():
+        lines.append(f"| {pages} | {v['read_best']:.1f} | {v['read_median']:.1f} | {v['triad_best']:.1f} | {v['triad_median']:.1f} |")
+    lim = bw.get("huge") or next(iter(bw.values()))
+    lines += ["", "Decode streams every weight once per token, so flint's tg128 × the weights' bytes "
+              "(from `flint inspect`) is the bandwidth it sustains, as a share of the huge-page figures "
+              "(flint's weights sit in huge pages). A pure read stream can beat the triad, so the read "
+              "best is the strictest ceiling.", "",
+              "| type | weight bytes | flint tg128 | GB/s | of triad median | of triad best | of read best |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for t in types.split():
+        nbytes = sum(int(b.replace(",", "")) for b in re.findall(r"parameters, ([0-9,]+) bytes", read(f"flint-inspect-{t}.txt")))
+        ft = flint_tps(t, "tg")
+        if nbytes and ft:
+            gbs = ft[0] * nbytes / 1e9
+            lines.append(f"| {t} | {nbytes / 1e6:.1f} MB | {ft[0]:.2f} | {gbs:.1f} | "
+                         f"{100 * gbs / lim['triad_median']:.0f}% | {100 * gbs / lim['triad_best']:.0f}% | "
+                         f"{100 * gbs / lim['read_best']:.0f}% |")
 lines += ["", "## Commands", "", "```sh"] + cmds + ["```", "", "## Raw outputs", ""]
 # Only this run's files: the raw directory also holds other types' earlier runs.
 for name in sorted(os.listdir(raw)):
-    if name.endswith(".txt") and any(name.endswith(f"-{t}.txt") for t in types.split()):
+    if name == "membw.txt" or name.endswith(".txt") and any(name.endswith(f"-{t}.txt") for t in types.split()):
         lines += [f"### {name}", "", "```", read(name).strip(), "```", ""]
 open(out, "w").write("\n".join(lines) + "\n")
 print(f"wrote {out}")
