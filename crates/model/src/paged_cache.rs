@@ -39,7 +39,7 @@ impl PagedKvCache {
     }
 
     /// A zeroed pool. Zero pages are mapped lazily by the OS, so a large pool costs memory only
-    /// as blocks are first written.
+    /// as blocks are first written (in 2 MiB steps where it gets huge pages).
     pub fn new(cfg: &Qwen2Config, block_size: usize, num_blocks: usize) -> Result<Self> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ModelError::Batch(format!(
