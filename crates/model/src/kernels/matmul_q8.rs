@@ -332,6 +332,24 @@ struct QuantRow {
     d: Vec<f32>,
     sum: Vec<i32>,
     half: Vec<i32>,
+    /// Per block, the integer offset terms the stored weights carry, negated, for the VNNI tile
+    /// to start its sums from ([`offset_terms`]).
+    neg: Vec<[i32; 4]>,
+}
+
+/// Which of [`QuantRow::neg`]'s terms: `−128·Σq` (Q8_0), `−8·Σq` (Q4_0), and Q6_K's `−32·Σq`
+/// over the first and the second 16 inputs.
+const NEG_Q8_0: usize = 0;
+const NEG_Q4_0: usize = 1;
+const NEG_Q6_LO: usize = 2;
+const NEG_Q6_HI: usize = 3;
+
+/// [`QuantRow::neg`] from the block sums. Starting an exact integer sum at `−offset·Σq` instead
+/// of subtracting it afterwards gives the same integer, so the same bits; the VNNI tile then
+/// loads the start value (a load-port broadcast) instead of spending two vector ALU operations
+/// per row and block on it.
+fn offset_terms(sum: &[i32], half: &[i32]) -> Vec<[i32; 4]> {
+    sum.iter().zip(half).map(|(&s, &h)| [-128 * s, -8 * s, -32 * h, -32 * (s - h)]).collect()
 }
 
 fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
@@ -347,7 +365,8 @@ fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
 /// The reference quantization; the AVX-512 one gives the same bytes.
 fn quantize_row_scalar(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
-    let mut row = QuantRow { q: vec![0i8; x.len()], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb] };
+    let mut row =
+        QuantRow { q: vec![0i8; x.len()], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb], neg: Vec::new() };
     for b in 0..nb {
         let blk = &x[b * QK..(b + 1) * QK];
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -367,6 +386,7 @@ fn quantize_row_scalar(x: &[f32]) -> QuantRow {
         row.half[b] = q[..16].iter().map(|&v| v as i32).sum();
         row.sum[b] = row.half[b] + q[16..].iter().map(|&v| v as i32).sum::<i32>();
     }
+    row.neg = offset_terms(&row.sum, &row.half);
     row
 }
 

@@ -1,7 +1,7 @@
 //! The x86 paths of [`super`]: AVX-512 quantization, the VNNI tile and the AVX2 tile. Each
 //! computes exactly [`super::tile_scalar`]'s integers and f32 operations, in its order.
 
-use super::{Format, QuantRow, COLS, QK, ROWS, SUPER};
+use super::{offset_terms, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, ROWS, SUPER};
 use std::arch::x86_64::*;
 
 const Q8_0: u8 = Format::Q8_0.tag();
@@ -14,7 +14,8 @@ const Q6_K: u8 = Format::Q6_K.tag();
 #[target_feature(enable = "avx512f,avx512bw")]
 pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
-    let mut row = QuantRow { q: vec![0i8; nb * QK], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb] };
+    let mut row =
+        QuantRow { q: vec![0i8; nb * QK], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb], neg: Vec::new() };
     let magic = _mm512_set1_ps(12_582_912.0);
     let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
     for b in 0..nb {
@@ -38,6 +39,7 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
             *row.sum.get_unchecked_mut(b) = half + _mm512_reduce_add_epi32(i1);
         }
     }
+    row.neg = offset_terms(&row.sum, &row.half);
     row
 }
 
@@ -107,10 +109,10 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
     let format = Format::from_tag(F);
     let (vals, pb) = (format.values(), format.panel_block());
     let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
-    let (mut sum, mut half) = ([std::ptr::null::<i32>(); R], [std::ptr::null::<i32>(); R]);
+    let (mut sum, mut neg) = ([std::ptr::null::<i32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
     for r in 0..R {
         let row = rows.get_unchecked(r);
-        (xq[r], dx[r], sum[r], half[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.sum.as_ptr(), row.half.as_ptr());
+        (xq[r], dx[r], sum[r], neg[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.sum.as_ptr(), row.neg.as_ptr());
     }
     let mut f = [_mm512_setzero_ps(); R];
     let low = _mm512_set1_epi8(0x0F);
@@ -128,7 +130,18 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
         let base = panel.as_ptr().add(format.block_at(b));
         prefetch_ahead(base, pb);
         // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale).
+        // They start at the negated offset terms (`x·stored − offset·Σx` = `x·w`, exactly), so
+        // nothing is subtracted after the dot products.
         let (mut ia, mut ib) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+        for r in 0..R {
+            let n = &*neg[r].add(b);
+            match F {
+                Q8_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q8_0]),
+                Q4_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q4_0]),
+                Q6_K => (ia[r], ib[r]) = (_mm512_set1_epi32(n[NEG_Q6_LO]), _mm512_set1_epi32(n[NEG_Q6_HI])),
+                _ => {}
+            }
+        }
         macro_rules! dot {
             ($acc:ident, $g:expr, $w:expr) => {{
                 let w = $w;
@@ -176,20 +189,16 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
                 let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
                 let (ds0, ds1) = (_mm512_mul_ps(s0, d), _mm512_mul_ps(s1, d));
                 for r in 0..R {
-                    let (sm, hf, x) = (*sum[r].add(b), *half[r].add(b), _mm512_set1_ps(*dx[r].add(b)));
-                    let e0 = _mm512_sub_epi32(ia[r], _mm512_set1_epi32(32 * hf));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e0), _mm512_mul_ps(ds0, x), f[r]);
-                    let e1 = _mm512_sub_epi32(ib[r], _mm512_set1_epi32(32 * (sm - hf)));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e1), _mm512_mul_ps(ds1, x), f[r]);
+                    let x = _mm512_set1_ps(*dx[r].add(b));
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds0, x), f[r]);
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[r]), _mm512_mul_ps(ds1, x), f[r]);
                 }
             }
             _ => {
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(meta as *const __m256i));
                 for r in 0..R {
-                    let corr = _mm512_set1_epi32(format.offset() * *sum[r].add(b));
-                    let e = _mm512_sub_epi32(ia[r], corr);
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), scale, f[r]);
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, f[r]);
                 }
             }
         }
