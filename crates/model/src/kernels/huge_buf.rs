@@ -41,8 +41,8 @@ unsafe impl<T: Plain> Sync for HugeBuf<T> {}
 impl<T: Plain> HugeBuf<T> {
     /// `len` zeroed elements. Aborts like `Vec` when memory runs out.
     pub fn zeroed(len: usize) -> Self {
-        let bytes = len.checked_mul(std::mem::size_of::<T>());
-        let Some(layout) = bytes.and_then(|_| Layout::array::<T>(len).ok()) else {
+        // `Layout::array` checks the byte size for overflow.
+        let Ok(layout) = Layout::array::<T>(len) else {
             panic!("buffer of {len} elements is too large") // as `Vec` would
         };
         if layout.size() == 0 {
