@@ -35,6 +35,8 @@ pub struct BlockPool {
     free: BTreeMap<u64, u32>,
     next_stamp: u64,
     cache: HashMap<BlockHash, u32>,
+    /// Blocks whose last reference went since [`take_freed`](Self::take_freed) last ran.
+    freed: Vec<u32>,
     pub stats: PoolStats,
 }
 
@@ -51,6 +53,7 @@ impl BlockPool {
             free: BTreeMap::new(),
             next_stamp: 0,
             cache: HashMap::new(),
+            freed: Vec::new(),
             stats: PoolStats::default(),
         };
         for b in 0..num_blocks as u32 {
@@ -121,8 +124,15 @@ impl BlockPool {
             meta.ref_count = meta.ref_count.saturating_sub(1);
             if meta.ref_count == 0 {
                 self.push_free(b);
+                self.freed.push(b);
             }
         }
+    }
+
+    /// The blocks that lost their last holder since the previous call (the model runner drops
+    /// whatever it keeps per block for them: an int8 cache's staging of a partial block).
+    pub fn take_freed(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.freed)
     }
 
     /// A cached block with exactly this content, if any (confirmed against its stored key).
@@ -194,6 +204,8 @@ mod tests {
         }
         p.release(&a[..2]); // tail (a[1]) queued before a[0]
         assert_eq!(p.num_free(), 2);
+        assert_eq!(p.take_freed(), vec![a[1], a[0]]);
+        assert!(p.take_freed().is_empty());
         p.check().unwrap();
         assert_eq!(p.lookup(0, &key(0)), Some(a[0]));
         let fresh = p.allocate().unwrap();

@@ -243,6 +243,9 @@ impl<R: ModelRunner> EngineCore<R> {
     /// Run one step. Returns the plan that ran (empty when there was nothing to do).
     pub fn step(&mut self) -> StepPlan {
         let plan = self.scheduler.schedule();
+        if !plan.freed_blocks.is_empty() {
+            self.runner.release(&plan.freed_blocks);
+        }
         if plan.chunks.is_empty() {
             return plan;
         }

@@ -15,6 +15,8 @@ pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
     /// `n` is ignored (one sample). `max_tokens` is clamped to what the context has left.
     pub params: RequestParams,
+    /// How the KV cache stores keys and values (`None`: auto, f32).
+    pub kv_cache_dtype: Option<flint_model::KvCacheDtype>,
 }
 
 #[derive(Debug, Clone)]
@@ -55,7 +57,7 @@ pub fn generate(
     let mut params = req.params.clone();
     params.n = 1;
     params.max_tokens = params.max_tokens.min(model_len - prompt_len);
-    let ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens);
+    let ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens, req.kv_cache_dtype);
     let mut core = build_core(lm, &plan(lm, &ec)?)?;
 
     let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();

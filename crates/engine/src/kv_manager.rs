@@ -64,6 +64,11 @@ impl KvManager {
         &self.pool
     }
 
+    /// Blocks no sequence holds any more since the previous call.
+    pub fn take_freed(&mut self) -> Vec<u32> {
+        self.pool.take_freed()
+    }
+
     pub fn prefix_caching(&self) -> bool {
         self.prefix_caching
     }

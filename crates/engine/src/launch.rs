@@ -6,12 +6,15 @@ use crate::loader::{available_memory, LoadedModel};
 use crate::runner::PagedModelRunner;
 use crate::scheduler::SchedulerConfig;
 use crate::EngineError;
-use flint_model::PagedKvCache;
+use flint_model::{KvCacheDtype, PagedKvCache};
 
 /// The serving knobs (`--block-size`, `--kv-cache-memory`, …), defaults chosen for a CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
-    pub block_size: usize,
+    /// Tokens per KV block; `None`: the cache dtype's default (16, or 128 for int8).
+    pub block_size: Option<usize>,
+    /// How the KV cache stores keys and values; `None` (`auto`): f32, what the CPU computes in.
+    pub kv_cache_dtype: Option<KvCacheDtype>,
     /// Bytes for the KV pool; `None`: a quarter of the memory available after loading, capped at
     /// what `max_num_seqs` sequences of `max_model_len` tokens could ever use.
     pub kv_cache_memory: Option<usize>,
@@ -27,7 +30,8 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            block_size: 16,
+            block_size: None,
+            kv_cache_dtype: None,
             kv_cache_memory: None,
             max_num_batched_tokens: 512,
             max_num_seqs: 64,
@@ -38,12 +42,22 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// One sequence of up to `tokens` tokens and a pool of exactly that size (`flint generate`,
-    /// single-stream benchmarks).
-    pub fn single_request(lm: &LoadedModel, tokens: usize) -> Self {
-        let block_size = Self::default().block_size;
-        let bytes = tokens.div_ceil(block_size) * PagedKvCache::bytes_per_block(lm.model.config(), block_size);
-        Self { kv_cache_memory: Some(bytes), max_num_seqs: 1, ..Self::default() }
+    /// One sequence of up to `tokens` tokens and a pool of exactly that size, its cache stored as
+    /// `dtype` (`flint generate`, single-stream benchmarks).
+    pub fn single_request(lm: &LoadedModel, tokens: usize, dtype: Option<KvCacheDtype>) -> Self {
+        let ec = Self { kv_cache_dtype: dtype, max_num_seqs: 1, ..Self::default() };
+        let bs = ec.block_size();
+        let bytes = tokens.div_ceil(bs) * ec.dtype().bytes_per_block(lm.model.config(), bs);
+        Self { kv_cache_memory: Some(bytes), ..ec }
+    }
+
+    /// The cache dtype `auto` stands for: f32.
+    pub fn dtype(&self) -> KvCacheDtype {
+        self.kv_cache_dtype.unwrap_or(KvCacheDtype::F32)
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size.unwrap_or_else(|| self.dtype().default_block_size())
     }
 }
 
@@ -51,8 +65,12 @@ impl EngineConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolPlan {
     pub sched: SchedulerConfig,
+    pub kv_cache_dtype: KvCacheDtype,
     pub bytes_per_block: usize,
     pub pool_bytes: usize,
+    /// Int8: f32 scratch for one block being filled; at most one per running sequence (plus the
+    /// blocks one prefill chunk spans) exists at a time, outside `pool_bytes`.
+    pub staging_bytes_per_block: usize,
     /// False for bf16/f16 compute: outputs may then vary with the batch (say so at start-up).
     pub batch_invariant: bool,
 }
@@ -61,14 +79,64 @@ impl PoolPlan {
     pub fn tokens(&self) -> usize {
         self.sched.num_blocks * self.sched.block_size
     }
+
+    /// Bytes per token of full blocks.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.bytes_per_block as f64 / self.sched.block_size.max(1) as f64
+    }
+
+    /// The cache's geometry for the start-up banner and `/metrics`.
+    pub fn cache_info(&self) -> CacheInfo {
+        CacheInfo {
+            dtype: self.kv_cache_dtype.to_string(),
+            block_size: self.sched.block_size,
+            num_blocks: self.sched.num_blocks,
+            bytes_per_token: self.bytes_per_token(),
+            capacity_tokens: self.tokens(),
+            prefix_caching: self.sched.enable_prefix_caching,
+        }
+    }
+
+    /// One line: dtype, bytes per token, capacity, staging.
+    pub fn describe(&self) -> String {
+        let staging = if self.staging_bytes_per_block > 0 {
+            format!(
+                " + f32 staging for blocks being filled, {:.1} MiB each (one per running sequence)",
+                self.staging_bytes_per_block as f64 / (1 << 20) as f64
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "KV cache {} | {:.1} bytes/token | {} blocks x {} tokens = {} tokens ({:.1} MiB){staging}",
+            self.kv_cache_dtype,
+            self.bytes_per_token(),
+            self.sched.num_blocks,
+            self.sched.block_size,
+            self.tokens(),
+            self.pool_bytes as f64 / (1 << 20) as f64,
+        )
+    }
+}
+
+/// The KV cache as the server reports it (no tensors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheInfo {
+    pub dtype: String,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub bytes_per_token: f64,
+    pub capacity_tokens: usize,
+    pub prefix_caching: bool,
 }
 
 /// Size the pool and the limits for `lm` under `ec`.
 pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError> {
     let cfg = lm.model.config();
     let bad = |m: String| Err(EngineError::InvalidRequest(m));
-    if ec.block_size == 0 || ec.block_size > 1024 {
-        return bad(format!("--block-size must be between 1 and 1024, got {}", ec.block_size));
+    let (dtype, block_size) = (ec.dtype(), ec.block_size());
+    if block_size == 0 || block_size > 1024 {
+        return bad(format!("--block-size must be between 1 and 1024, got {block_size}"));
     }
     if ec.max_num_batched_tokens == 0 || ec.max_num_seqs == 0 {
         return bad("--max-num-batched-tokens and --max-num-seqs must be at least 1".into());
@@ -82,8 +150,8 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
         Some(l) => l,
         None => model_len,
     };
-    let bytes_per_block = PagedKvCache::bytes_per_block(cfg, ec.block_size);
-    let useful = ec.max_num_seqs.saturating_mul(max_model_len.div_ceil(ec.block_size)).saturating_mul(bytes_per_block);
+    let bytes_per_block = dtype.bytes_per_block(cfg, block_size);
+    let useful = ec.max_num_seqs.saturating_mul(max_model_len.div_ceil(block_size)).saturating_mul(bytes_per_block);
     let pool_bytes = match ec.kv_cache_memory {
         Some(b) => b,
         None => (available_memory().unwrap_or(4 << 30) / 4).min(useful),
@@ -91,23 +159,25 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
     let num_blocks = pool_bytes / bytes_per_block;
     if num_blocks == 0 {
         return bad(format!(
-            "--kv-cache-memory {pool_bytes} bytes holds no block; one block of {} tokens needs {bytes_per_block} bytes",
-            ec.block_size
+            "--kv-cache-memory {pool_bytes} bytes holds no block; one {dtype} block of {block_size} tokens needs \
+             {bytes_per_block} bytes"
         ));
     }
     // A sequence longer than the pool could never run: the pool bounds the context too.
-    let max_model_len = max_model_len.min(num_blocks * ec.block_size);
+    let max_model_len = max_model_len.min(num_blocks * block_size);
     Ok(PoolPlan {
         sched: SchedulerConfig {
             max_num_batched_tokens: ec.max_num_batched_tokens,
             max_num_seqs: ec.max_num_seqs,
             max_model_len,
-            block_size: ec.block_size,
+            block_size,
             num_blocks,
             enable_prefix_caching: ec.enable_prefix_caching,
         },
+        kv_cache_dtype: dtype,
         bytes_per_block,
         pool_bytes: num_blocks * bytes_per_block,
+        staging_bytes_per_block: dtype.staging_bytes_per_block(cfg, block_size),
         batch_invariant: lm.model.is_batch_invariant(),
     })
 }
@@ -115,7 +185,7 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
 /// An engine core over `lm`'s model with a fresh pool as planned.
 pub fn build_core(lm: &LoadedModel, plan: &PoolPlan) -> Result<EngineCore<PagedModelRunner>, EngineError> {
     let cfg = lm.model.config();
-    let cache = PagedKvCache::new(cfg, plan.sched.block_size, plan.sched.num_blocks)?;
+    let cache = PagedKvCache::new(cfg, plan.kv_cache_dtype, plan.sched.block_size, plan.sched.num_blocks)?;
     let info = ModelInfo {
         vocab_size: cfg.vocab_size,
         valid_vocab: lm.valid_vocab(),

@@ -23,7 +23,7 @@ pub use engine::{Engine, EngineStats, EventStream};
 pub use engine_core::{EngineCore, ModelInfo};
 pub use error::EngineError;
 pub use generate::{generate, GenerateOutcome, GenerateRequest};
-pub use launch::{build_core, plan, EngineConfig, PoolPlan};
+pub use launch::{build_core, plan, CacheInfo, EngineConfig, PoolPlan};
 pub use loader::LoadedModel;
 pub use request::{EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch};
 pub use runner::{ModelRunner, PagedModelRunner, StepLogits};

@@ -28,6 +28,10 @@ impl StepLogits {
 
 pub trait ModelRunner: Send {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError>;
+
+    /// Forget whatever is kept for `blocks`, which no sequence holds any more (called with each
+    /// plan's `freed_blocks` before it runs).
+    fn release(&mut self, _blocks: &[u32]) {}
 }
 
 /// Qwen2 over the paged KV cache.
@@ -52,5 +56,9 @@ impl ModelRunner for PagedModelRunner {
         let width = self.model.config().vocab_size;
         let data = self.model.forward_logits(&batch, &mut self.cache)?.unwrap_or_default();
         Ok(StepLogits { width, data })
+    }
+
+    fn release(&mut self, blocks: &[u32]) {
+        self.cache.release(blocks);
     }
 }

@@ -98,6 +98,9 @@ pub struct StepPlan {
     pub chunks: Vec<ScheduledChunk>,
     /// Sequences preempted this step (their blocks are already freed).
     pub preempted: Vec<SeqId>,
+    /// Blocks no sequence holds any more since the previous plan (finished, aborted, preempted):
+    /// the runner drops what it keeps per block for them before running this plan.
+    pub freed_blocks: Vec<u32>,
     pub num_tokens: usize,
 }
 
@@ -227,6 +230,7 @@ impl Scheduler {
         if plan.preempted.is_empty() {
             self.admit(&mut plan, budget);
         }
+        plan.freed_blocks = self.kv.take_freed();
         plan
     }
 
@@ -410,6 +414,7 @@ mod tests {
         // Both need a third block; only the oldest gets it, the newest is preempted.
         let p = s.schedule();
         assert_eq!(p.preempted, vec![2]);
+        assert_eq!(p.freed_blocks.len(), 2, "the victim's two blocks");
         assert_eq!(shape(&p), vec![(1, 8, 1, true)]);
         assert_eq!(s.stats.preemptions, 1);
         assert_eq!(s.waiting.front(), Some(&2), "preempted goes to the front");

@@ -2,7 +2,8 @@
 //! a greedy request yields the same tokens — and bit-identical logprobs, a much finer check —
 //! alone, batched with 1–31 others of different lengths, under different prefill chunk sizes,
 //! after preemption and recompute, and with its prompt hitting the prefix cache cold, warm and
-//! partially.
+//! partially — with the KV cache stored as f32, bf16 and int8 (16-token blocks, so the int8
+//! cache quantizes several full blocks and keeps the last one at full precision).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ use flint_engine::engine_core::{EventSink, ModelInfo};
 use flint_engine::tokenizer::Tokenizer;
 use flint_engine::{EngineCore, EngineEvent, PagedModelRunner, Request, RequestParams, SchedulerConfig};
 use flint_model::source::Checkpoint;
-use flint_model::{PagedKvCache, Qwen2Model};
+use flint_model::{KvCacheDtype, PagedKvCache, Qwen2Model};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/small-f32")
@@ -28,10 +29,10 @@ impl Setup {
         Self { model_dir: fixture(), tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()) }
     }
 
-    fn core(&self, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
+    fn core(&self, dtype: KvCacheDtype, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
         let ck = Checkpoint::open(self.model_dir.to_str().unwrap()).unwrap();
         let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
-        let cache = PagedKvCache::new(&ck.config, 16, num_blocks).unwrap();
+        let cache = PagedKvCache::new(&ck.config, dtype, 16, num_blocks).unwrap();
         let sched = SchedulerConfig {
             max_num_batched_tokens: budget,
             max_num_seqs: 64,
@@ -121,40 +122,62 @@ fn run_with(core: &mut EngineCore<PagedModelRunner>, others: usize, first: Optio
     t
 }
 
+/// Once every request is over (and one more step has passed the freed blocks on), an int8
+/// cache holds no staging: nothing leaks.
+fn assert_no_staging(core: &mut EngineCore<PagedModelRunner>) {
+    core.step();
+    assert_eq!(core.runner_mut().cache.staging_blocks(), 0, "staging outlived its blocks");
+}
+
 #[test]
 fn greedy_output_is_identical_alone_batched_chunked_preempted_and_cached() {
     let setup = Setup::new();
-    let alone = run_with(&mut setup.core(4096, 512), 0, None);
+    let mut traces = Vec::new();
+    for dtype in [KvCacheDtype::F32, KvCacheDtype::Bf16, KvCacheDtype::Int8] {
+        let alone = invariant_for(&setup, dtype);
+        traces.push(alone);
+    }
+    // The stored precision shows in the logprobs (it must, or int8/bf16 were never read).
+    assert_ne!(traces[0], traces[2], "int8 gave f32's exact bits");
+    assert_ne!(traces[0], traces[1], "bf16 gave f32's exact bits");
+}
+
+fn invariant_for(setup: &Setup, dtype: KvCacheDtype) -> Trace {
+    let alone = run_with(&mut setup.core(dtype, 4096, 512), 0, None);
 
     for others in [1, 2, 5, 11, 31] {
-        let got = run_with(&mut setup.core(4096, 512), others, None);
-        assert_eq!(got, alone, "batched with {others} others");
+        let mut core = setup.core(dtype, 4096, 512);
+        let got = run_with(&mut core, others, None);
+        assert_eq!(got, alone, "{dtype}: batched with {others} others");
+        assert_no_staging(&mut core);
     }
     for budget in [1, 5, 16, 33] {
-        let got = run_with(&mut setup.core(budget, 512), 7, None);
-        assert_eq!(got, alone, "prefill chunk budget {budget}");
+        let got = run_with(&mut setup.core(dtype, budget, 512), 7, None);
+        assert_eq!(got, alone, "{dtype}: prefill chunk budget {budget}");
     }
 
     // A pool of 12 blocks (192 tokens) cannot hold the target and its 7 elders: preemption.
-    let mut core = setup.core(64, 12);
+    let mut core = setup.core(dtype, 64, 12);
     let got = run_with(&mut core, 7, None);
     assert!(core.scheduler().stats.preemptions > 0, "the small pool must force preemption");
-    assert_eq!(got, alone, "after preemption and recompute");
+    assert_eq!(got, alone, "{dtype}: after preemption and recompute");
+    assert_no_staging(&mut core);
 
     // Prefix cache: cold, then warm (the same prompt again), then partial (a shared stem).
-    let mut core = setup.core(4096, 512);
+    let mut core = setup.core(dtype, 4096, 512);
     let cold = run_with(&mut core, 0, None);
     assert_eq!(core.scheduler().stats.prefix_hits, 0);
-    assert_eq!(cold, alone, "cold cache");
+    assert_eq!(cold, alone, "{dtype}: cold cache");
     let warm = run_with(&mut core, 0, None);
     assert_eq!(core.scheduler().stats.prefix_hits, 32, "two full blocks of 45 tokens hit");
-    assert_eq!(warm, alone, "warm cache");
-    let mut core = setup.core(4096, 512);
+    assert_eq!(warm, alone, "{dtype}: warm cache");
+    let mut core = setup.core(dtype, 4096, 512);
     let mut stem = target();
     stem.id = "stem".into();
     stem.prompt.truncate(20);
     stem.prompt.extend([7, 8, 9]);
     let partial = run_with(&mut core, 0, Some(stem));
     assert_eq!(core.scheduler().stats.prefix_hits, 16, "one shared block");
-    assert_eq!(partial, alone, "partial cache hit");
+    assert_eq!(partial, alone, "{dtype}: partial cache hit");
+    alone
 }

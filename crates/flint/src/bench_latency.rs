@@ -1,17 +1,25 @@
 //! `flint bench latency`: single-stream prompt processing and generation speed, reported as
-//! llama-bench does (`pp512`, `tg128`, tokens/s as mean ± sd over `--reps` runs), so the two can be
-//! compared side by side. pp: one forward pass over `--prompt-len` random tokens from an empty
-//! cache. tg: `--gen-len` tokens one at a time from an empty cache. Both run through the engine
-//! core (paged cache, sampler), greedy, EOS ignored; tokenization is not timed.
+//! llama-bench does (`pp512`, `tg128`, `pp512 @ d4096`, tokens/s as mean ± sd over `--reps`
+//! runs), so the two can be compared side by side. Everything runs through the engine core
+//! (paged cache, chunked prefill, sampler), greedy, EOS ignored; tokenization is not timed.
+//!
+//! At depth `d` (`--depth`, like llama-bench's `-d`), a `d`-token context is prefilled first
+//! (timed and reported on its own, in `--max-num-batched-tokens` chunks as a server runs it) and
+//! kept in the prefix cache; then each pp repetition prefills `--prompt-len` more tokens after it
+//! in one step, and each tg repetition generates `--gen-len` tokens after it, one per step.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_core::Device;
 use flint_engine::engine_core::EventSink;
-use flint_engine::{build_core, plan, EngineConfig, LoadedModel, Request, RequestParams};
+use flint_engine::{build_core, plan, EngineConfig, EngineCore, LoadedModel, PagedModelRunner, Request, RequestParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::engine_args::KvDtypeArg;
 
 #[derive(clap::Args)]
 pub struct LatencyArgs {
@@ -24,6 +32,18 @@ pub struct LatencyArgs {
     gen_len: usize,
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Context already in the cache before pp and tg are measured (repeatable, or a list:
+    /// `--depth 0,4096,16384`).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
+    /// Chunk size for prefilling the depth context (as `serve`'s flag).
+    #[arg(long, default_value_t = 512)]
+    max_num_batched_tokens: usize,
+    /// Tokens per KV block (default: the cache dtype's).
+    #[arg(long)]
+    block_size: Option<usize>,
+    #[command(flatten)]
+    kv: KvDtypeArg,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Write the results as JSON too.
@@ -31,16 +51,13 @@ pub struct LatencyArgs {
     json: Option<std::path::PathBuf>,
 }
 
-/// Run one request alone through a fresh engine core; returns (seconds to first token, seconds
-/// for the rest, tokens generated).
-fn run_once(lm: &LoadedModel, prompt: Vec<u32>, gen: usize, budget: usize) -> Result<(f64, f64, usize)> {
-    let ec = EngineConfig { max_num_batched_tokens: budget, ..EngineConfig::single_request(lm, prompt.len() + gen) };
-    let mut core = build_core(lm, &plan(lm, &ec)?)?;
-    let tokens = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// Run one request to the end; returns (seconds to its first token, seconds for the rest, tokens).
+fn run_request(core: &mut EngineCore<PagedModelRunner>, prompt: Vec<u32>, gen: usize) -> Result<(f64, f64, usize)> {
+    let tokens = Arc::new(AtomicUsize::new(0));
     let t = tokens.clone();
     let sink: EventSink = Box::new(move |ev| {
         if let flint_engine::EngineEvent::Output(o) = ev {
-            t.fetch_add(o.token_ids.len(), std::sync::atomic::Ordering::Relaxed);
+            t.fetch_add(o.token_ids.len(), Ordering::Relaxed);
         }
         true
     });
@@ -50,13 +67,13 @@ fn run_once(lm: &LoadedModel, prompt: Vec<u32>, gen: usize, budget: usize) -> Re
     let mut first = None;
     while core.has_work() {
         core.step();
-        if first.is_none() && tokens.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        if first.is_none() && tokens.load(Ordering::Relaxed) > 0 {
             first = Some(t0.elapsed().as_secs_f64());
         }
     }
     let total = t0.elapsed().as_secs_f64();
     let first = first.unwrap_or(total);
-    Ok((first, total - first, tokens.load(std::sync::atomic::Ordering::Relaxed)))
+    Ok((first, total - first, tokens.load(Ordering::Relaxed)))
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -67,35 +84,90 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn run(a: LatencyArgs) -> Result<()> {
-    if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 {
-        bail!("--prompt-len, --gen-len and --reps must be at least 1");
+    if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 || a.max_num_batched_tokens == 0 {
+        bail!("--prompt-len, --gen-len, --reps and --max-num-batched-tokens must be at least 1");
     }
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
     let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut prompt = |n: usize| (0..n).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();
+    let model_len = lm.model.config().max_context_len();
+    // One engine per depth, its pool sized for the context plus either test, with two blocks to
+    // spare so the context's cached blocks are never evicted by a test's own.
+    let core_for = |depth: usize, budget: usize| -> Result<EngineCore<PagedModelRunner>> {
+        let tokens = depth + a.prompt_len.max(a.gen_len) + 1;
+        if tokens > model_len {
+            bail!("--depth {depth} plus the test needs {tokens} tokens; the model's context is {model_len}");
+        }
+        let mut ec = EngineConfig {
+            block_size: a.block_size,
+            kv_cache_dtype: a.kv.kv_cache_dtype,
+            max_num_seqs: 1,
+            max_num_batched_tokens: budget,
+            max_model_len: Some(tokens),
+            ..EngineConfig::default()
+        };
+        let bs = ec.block_size();
+        ec.kv_cache_memory = Some((tokens.div_ceil(bs.max(1)) + 2) * ec.dtype().bytes_per_block(lm.model.config(), bs));
+        let p = plan(&lm, &ec)?;
+        eprintln!("{}", p.describe());
+        Ok(build_core(&lm, &p)?)
+    };
     // Warm-up (page in the weights, spin up the threads), as llama-bench does.
-    run_once(&lm, prompt(16), 2, 4096)?;
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps {
-        // pp: the whole prompt in one step; only the prefill is timed.
-        let (first, _, _) = run_once(&lm, prompt(a.prompt_len), 1, a.prompt_len)?;
-        pp.push(a.prompt_len as f64 / first);
-        // tg: a one-token prompt, then gen_len - 1 more single-token steps.
-        let (first, rest, n) = run_once(&lm, prompt(1), a.gen_len, a.prompt_len)?;
-        tg.push(n as f64 / (first + rest));
-    }
-    let name = format!("{} ({:?})", lm.source, lm.model.dtype());
-    let (pm, ps) = mean_sd(&pp);
-    let (tm, ts) = mean_sd(&tg);
+    let mut warm = core_for(0, 4096)?;
+    run_request(&mut warm, prompt(16), 2)?;
+    drop(warm);
+    let kv = a.kv.kv_cache_dtype.map_or("auto".to_string(), |d| d.to_string());
+    let name = format!("{} ({:?}, KV {kv})", lm.source, lm.model.dtype());
     println!("| model | test | t/s |\n| --- | --- | ---: |");
-    println!("| {name} | pp{} | {pm:.2} ± {ps:.2} |", a.prompt_len);
-    println!("| {name} | tg{} | {tm:.2} ± {ts:.2} |", a.gen_len);
-    if let Some(path) = &a.json {
-        let v = serde_json::json!({
-            "model": lm.source, "dtype": format!("{:?}", lm.model.dtype()),
+    let mut results = Vec::new();
+    for &depth in &a.depth {
+        let budget = a.prompt_len.max(a.max_num_batched_tokens);
+        let mut core = core_for(depth, budget)?;
+        let context = prompt(depth);
+        let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+        let mut prefill = None;
+        if depth > 0 {
+            // The context, chunked as a server would, then kept in the prefix cache.
+            let (secs, _, _) = run_request(&mut core, context.clone(), 1)?;
+            eprintln!(
+                "context prefill: {depth} tokens in {secs:.2} s ({:.1} tok/s, {budget}-token chunks)",
+                depth as f64 / secs
+            );
+            prefill = Some(secs);
+        }
+        let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            // pp: the prompt in one step after the cached context; only the prefill is timed.
+            let mut p = context.clone();
+            p.extend(prompt(a.prompt_len));
+            let (first, _, _) = run_request(&mut core, p, 1)?;
+            pp.push(a.prompt_len as f64 / first);
+            // tg: one new token after the context, then gen_len - 1 more single-token steps.
+            let mut p = context.clone();
+            p.extend(prompt(1));
+            let (first, rest, n) = run_request(&mut core, p, a.gen_len)?;
+            tg.push(n as f64 / (first + rest));
+        }
+        let (pm, ps) = mean_sd(&pp);
+        let (tm, ts) = mean_sd(&tg);
+        println!("| {name} | pp{}{at} | {pm:.2} ± {ps:.2} |", a.prompt_len);
+        println!("| {name} | tg{}{at} | {tm:.2} ± {ts:.2} |", a.gen_len);
+        results.push(serde_json::json!({
+            "depth": depth,
+            "context_prefill_s": prefill,
             "pp": {"n": a.prompt_len, "mean": pm, "sd": ps, "samples": pp},
             "tg": {"n": a.gen_len, "mean": tm, "sd": ts, "samples": tg},
+        }));
+    }
+    if let Some(path) = &a.json {
+        let first = results.first().cloned().unwrap_or_default();
+        let v = serde_json::json!({
+            "model": lm.source, "dtype": format!("{:?}", lm.model.dtype()),
+            "kv_cache_dtype": kv,
+            // Depth 0 (or the first depth) at the top level, as earlier versions wrote it.
+            "pp": first.get("pp"), "tg": first.get("tg"),
+            "depths": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }

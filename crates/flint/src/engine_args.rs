@@ -2,12 +2,15 @@
 
 use anyhow::{bail, Result};
 use flint_engine::EngineConfig;
+use flint_model::KvCacheDtype;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
+    /// Tokens per KV-cache block; default 16, or 128 with --kv-cache-dtype int8.
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[command(flatten)]
+    pub kv: KvDtypeArg,
     /// Bytes for the paged KV cache (suffixes K, M, G, KiB, MiB, GiB); default: a quarter of
     /// the memory available after loading the model.
     #[arg(long, value_parser = parse_bytes)]
@@ -30,6 +33,7 @@ impl EngineArgs {
     pub fn config(&self) -> EngineConfig {
         EngineConfig {
             block_size: self.block_size,
+            kv_cache_dtype: self.kv.kv_cache_dtype,
             kv_cache_memory: self.kv_cache_memory,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
@@ -37,6 +41,23 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_enable_prefix_caching,
         }
     }
+}
+
+/// `--kv-cache-dtype`, shared by every command that builds an engine.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KvDtypeArg {
+    /// How the KV cache stores keys and values: auto (= f32), f32, bf16 (half the bytes) or int8
+    /// (about a quarter: keys per channel, values per token, the block being filled at f32).
+    #[arg(long = "kv-cache-dtype", default_value = "auto", value_parser = parse_kv_dtype)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+}
+
+/// `auto` → `None`; f32, bf16, int8; vLLM's fp8 names get an error that lists what flint takes.
+pub fn parse_kv_dtype(s: &str) -> std::result::Result<Option<KvCacheDtype>, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    s.parse().map(Some)
 }
 
 /// `4G`, `512MiB`, `1000000` → bytes (K/M/G are powers of 1024, like vLLM's `--kv-cache-memory`).
@@ -60,7 +81,15 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_kv_dtype};
+    use flint_model::KvCacheDtype;
+
+    #[test]
+    fn kv_dtypes() {
+        assert_eq!(parse_kv_dtype("auto"), Ok(None));
+        assert_eq!(parse_kv_dtype("int8"), Ok(Some(KvCacheDtype::Int8)));
+        assert!(parse_kv_dtype("fp8").unwrap_err().contains("auto, f32, bf16, int8"));
+    }
 
     #[test]
     fn byte_sizes() {

@@ -3,12 +3,34 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use flint_model::source::Checkpoint;
 use flint_model::weights::WeightSource;
-use flint_model::RopeScaling;
+use flint_model::{KvCacheDtype, RopeScaling};
 
-pub fn run(spec: &str) -> Result<()> {
+use crate::engine_args::{parse_bytes, KvDtypeArg};
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// Local directory, .gguf file, or Hugging Face hub id.
+    #[arg(long)]
+    model: String,
+    /// The cache dtype to size (the others are listed for comparison).
+    #[command(flatten)]
+    kv: KvDtypeArg,
+    /// Tokens per KV block (default: the dtype's).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Pool size to state capacities for (default 1 GiB).
+    #[arg(long, value_parser = parse_bytes)]
+    kv_cache_memory: Option<usize>,
+}
+
+pub fn run(a: InspectArgs) -> Result<()> {
+    if a.block_size.is_some_and(|b| b == 0 || b > 1024) {
+        bail!("--block-size must be between 1 and 1024");
+    }
+    let spec = a.model.as_str();
     let ck = Checkpoint::open(spec)?;
     let c = &ck.config;
     let tensors = ck.weights.tensors();
@@ -72,6 +94,25 @@ pub fn run(spec: &str) -> Result<()> {
         if native == 4 { "f32" } else { "16-bit" },
         group(c.kv_bytes_per_token(4))
     );
+    // What flint's paged pool stores per token for each `--kv-cache-dtype`, and how many tokens
+    // the given memory holds (full blocks; int8 adds f32 staging for blocks being filled).
+    let memory = a.kv_cache_memory.unwrap_or(1 << 30);
+    let chosen = a.kv.kv_cache_dtype.unwrap_or(KvCacheDtype::F32);
+    let f32_per_token = KvCacheDtype::F32.bytes_per_token(c, a.block_size.unwrap_or(16));
+    println!("kv cache pool:   per token and tokens in {} bytes (--kv-cache-memory), * = chosen", group(memory));
+    for dtype in [KvCacheDtype::F32, KvCacheDtype::Bf16, KvCacheDtype::Int8] {
+        let bs = a.block_size.unwrap_or_else(|| dtype.default_block_size());
+        let per_block = dtype.bytes_per_block(c, bs);
+        let tokens = memory / per_block * bs;
+        let per_token = dtype.bytes_per_token(c, bs);
+        println!(
+            "  {}{dtype:<5} block {bs:>4}: {:>9.1} bytes per token, {:>11} tokens ({:.2}x f32)",
+            if dtype == chosen { "*" } else { " " },
+            per_token,
+            group(tokens),
+            f32_per_token / per_token
+        );
+    }
     Ok(())
 }
 

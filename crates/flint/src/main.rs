@@ -45,11 +45,7 @@ enum Command {
     /// Write a random-weight checkpoint with the exact shapes of a real model.
     Synth(SynthArgs),
     /// Print a checkpoint's geometry, tensors and memory needs.
-    Inspect {
-        /// Local directory, .gguf file, or Hugging Face hub id.
-        #[arg(long)]
-        model: String,
-    },
+    Inspect(inspect::InspectArgs),
 }
 
 #[derive(Subcommand)]
@@ -93,6 +89,8 @@ struct GenerateArgs {
     /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
     #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
     dtype: String,
+    #[command(flatten)]
+    kv: engine_args::KvDtypeArg,
 }
 
 #[derive(clap::Args)]
@@ -171,7 +169,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a),
         Command::Bench(BenchCommand::Latency(a)) => bench_latency::run(a),
         Command::Synth(a) => run_synth(a),
-        Command::Inspect { model } => inspect::run(&model),
+        Command::Inspect(a) => inspect::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -200,7 +198,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         _ => None,
     };
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
-    eprintln!("loaded {} ({:?} compute)", lm.source, lm.model.dtype());
+    let kv = a.kv.kv_cache_dtype.unwrap_or(flint_model::KvCacheDtype::F32);
+    eprintln!("loaded {} ({:?} compute, {kv} KV cache)", lm.source, lm.model.dtype());
     let prompt_ids = if a.chat {
         let template = lm
             .chat_template
@@ -222,6 +221,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let req = GenerateRequest {
         prompt_ids,
         params: RequestParams { sampling, max_tokens: a.max_tokens, ignore_eos: a.ignore_eos, ..Default::default() },
+        kv_cache_dtype: a.kv.kv_cache_dtype,
     };
     let stdout = std::io::stdout();
     let out = generate(&lm, &req, |piece| {

@@ -83,11 +83,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             pool.sched.max_model_len
         );
         tracing::info!(
-            "KV pool {} blocks x {} tokens = {} tokens ({:.1} MiB) | max-num-seqs {} | max-num-batched-tokens {} | prefix caching {}",
-            pool.sched.num_blocks,
-            pool.sched.block_size,
-            pool.tokens(),
-            pool.pool_bytes as f64 / (1 << 20) as f64,
+            "{} | max-num-seqs {} | max-num-batched-tokens {} | prefix caching {}",
+            pool.describe(),
             pool.sched.max_num_seqs,
             pool.sched.max_num_batched_tokens,
             if pool.sched.enable_prefix_caching { "on" } else { "off" }
@@ -100,7 +97,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         let max_model_len = pool.sched.max_model_len;
         let LoadedModel { tokenizer, chat_template, .. } = lm;
-        Ok(ServingModel { engine: Engine::start(core), tokenizer, chat_template, max_model_len })
+        Ok(ServingModel {
+            engine: Engine::start(core),
+            tokenizer,
+            chat_template,
+            max_model_len,
+            cache: pool.cache_info(),
+        })
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(flint_server::serve(cfg, load));

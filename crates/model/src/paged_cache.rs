@@ -1,55 +1,120 @@
-//! The paged KV pool: per layer, `num_blocks` blocks of `block_size` token slots. The engine's
-//! block manager decides which blocks a sequence owns and passes them in each [`SeqChunk`]'s
-//! block table; this type only stores and reads.
+//! The paged KV pool: per layer, `num_blocks` blocks of `block_size` token slots, stored as f32,
+//! bf16 or int8 ([`KvCacheDtype`]). The engine's block manager decides which blocks a sequence
+//! owns and passes them in each [`SeqChunk`]'s block table; this type only stores and reads.
 //!
-//! Layout of one block in one layer: values `[kv_heads][block_size][head_dim]` and keys transposed,
-//! `[kv_heads][head_dim][block_size]`, so one head's keys or values in a block are contiguous and
-//! the attention kernel streams them (keys as 16-wide columns of scores, without a transpose per
-//! step). Two planned features fit as is:
-//! - **int8 KV** (KIVI-style): a block gains a code array of the same shape plus, per block, one
-//!   K scale per (head, channel) and one V scale per (head, token); scales live with the block,
-//!   so sharing, eviction and copy-on-write move them along with the codes.
-//! - **Rollback by k tokens** (speculative decoding): positions are addressed through the block
-//!   table, so discarding drafted tokens is the engine shortening the sequence's length (and
-//!   freeing tail blocks); stale slots are overwritten by the next write, never read before it.
+//! Layout of one block in one layer, per KV head: values `[block_size][head_dim]` and keys
+//! transposed, `[head_dim][block_size]`, so one head's keys or values in a block are contiguous
+//! and the attention kernel streams them (keys as 16-wide columns of scores, without a transpose
+//! per step). An int8 block also holds, per head, each key channel's f16 minimum and scale code
+//! and each value row's scale code: statistics live with the block, so prefix sharing, eviction
+//! and copy-on-write move them along with the codes.
+//!
+//! **int8: the block being filled stays at f32** (KIVI's full-precision residual). Its keys and
+//! values go to a per-block f32 *staging* copy; when the block fills, it is quantized from that
+//! copy in one go, deterministically, so a full block's codes depend only on its 16–128 tokens'
+//! exact values — never on how they were batched or chunked. A query always reads its own block
+//! exact and earlier blocks quantized (whether its own block filled in this very pass or not), so
+//! its result does not depend on the chunking either. Staging is taken when a block gets its first
+//! token and handed back when it fills, or when the engine frees it ([`PagedKvCache::release`]);
+//! it is at most one block per running sequence, plus the blocks a prefill chunk spans.
+//!
+//! Rollback (speculative decoding) addresses positions through the block table: discarding
+//! drafted tokens is the engine shortening the sequence. A rollback into a full int8 block first
+//! [reopens](PagedKvCache::reopen_block) it: the kept tokens return to staging from their codes.
+
+use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 
 use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
-use crate::kernels::attention::{paged_attention, PagedLayer, SeqView};
+use crate::kernels::attention::{paged_attention, ExactBlock, KvStore, PagedLayer, SeqView};
 use crate::kernels::huge_buf::HugeBuf;
+use crate::kernels::kv_quant::{self, dequantize_key, dequantize_value};
 use crate::kernels::rowwise::with_f32;
 use crate::kv_cache::KvCache;
+use crate::kv_dtype::KvCacheDtype;
+
+/// One layer's pool.
+enum LayerStore {
+    F32 { k: HugeBuf<f32>, v: HugeBuf<f32> },
+    Bf16 { k: HugeBuf<u16>, v: HugeBuf<u16> },
+    Int8 { k: HugeBuf<u8>, k_min: HugeBuf<u16>, k_scale: HugeBuf<u8>, v: HugeBuf<i8>, v_scale: HugeBuf<u8> },
+}
+
+impl LayerStore {
+    fn view(&self) -> KvStore<'_> {
+        match self {
+            Self::F32 { k, v } => KvStore::F32 { k, v },
+            Self::Bf16 { k, v } => KvStore::Bf16 { k, v },
+            Self::Int8 { k, k_min, k_scale, v, v_scale } => KvStore::Int8 { k, k_min, k_scale, v, v_scale },
+        }
+    }
+}
+
+/// Spare staging buffers kept for reuse (each is one block of every layer at f32).
+const SPARE_STAGING: usize = 8;
 
 pub struct PagedKvCache {
+    dtype: KvCacheDtype,
     block_size: usize,
     num_blocks: usize,
     kv_heads: usize,
     head_dim: usize,
-    /// Per layer, K and V pools of `num_blocks · kv_heads · block_size · head_dim` f32.
-    layers: Vec<(HugeBuf<f32>, HugeBuf<f32>)>,
+    layers: Vec<LayerStore>,
+    /// Int8: full-precision copies of blocks being filled, per layer `[K: kv_heads·d·bs][V: …]`.
+    staging: HashMap<u32, Box<[f32]>>,
+    spare: Vec<Box<[f32]>>,
+    /// Int8: blocks that fill during the current forward pass (staging handed back after the
+    /// last layer has read them).
+    filling: Vec<u32>,
 }
 
 impl PagedKvCache {
-    /// Bytes one block takes across all layers (K and V, f32).
+    /// Bytes one f32 block takes across all layers (K and V).
     pub fn bytes_per_block(cfg: &Qwen2Config, block_size: usize) -> usize {
-        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * block_size * 4
+        KvCacheDtype::F32.bytes_per_block(cfg, block_size)
     }
 
     /// A zeroed pool. Zero pages are mapped lazily by the OS, so a large pool costs memory only
     /// as blocks are first written (in 2 MiB steps where it gets huge pages).
-    pub fn new(cfg: &Qwen2Config, block_size: usize, num_blocks: usize) -> Result<Self> {
+    pub fn new(cfg: &Qwen2Config, dtype: KvCacheDtype, block_size: usize, num_blocks: usize) -> Result<Self> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ModelError::Batch(format!(
                 "a paged cache needs at least one block of at least one token (got {num_blocks} × {block_size})"
             )));
         }
-        let per_layer = num_blocks * cfg.num_key_value_heads * block_size * cfg.head_dim;
-        let layers =
-            (0..cfg.num_hidden_layers).map(|_| (HugeBuf::zeroed(per_layer), HugeBuf::zeroed(per_layer))).collect();
-        Ok(Self { block_size, num_blocks, kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim, layers })
+        let (hkv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let n = num_blocks * hkv * block_size * d;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| match dtype {
+                KvCacheDtype::F32 => LayerStore::F32 { k: HugeBuf::zeroed(n), v: HugeBuf::zeroed(n) },
+                KvCacheDtype::Bf16 => LayerStore::Bf16 { k: HugeBuf::zeroed(n), v: HugeBuf::zeroed(n) },
+                KvCacheDtype::Int8 => LayerStore::Int8 {
+                    k: HugeBuf::zeroed(n),
+                    k_min: HugeBuf::zeroed(num_blocks * hkv * d),
+                    k_scale: HugeBuf::zeroed(num_blocks * hkv * d),
+                    v: HugeBuf::zeroed(n),
+                    v_scale: HugeBuf::zeroed(num_blocks * hkv * block_size),
+                },
+            })
+            .collect();
+        Ok(Self {
+            dtype,
+            block_size,
+            num_blocks,
+            kv_heads: hkv,
+            head_dim: d,
+            layers,
+            staging: HashMap::new(),
+            spare: Vec::new(),
+            filling: Vec::new(),
+        })
+    }
+
+    pub fn dtype(&self) -> KvCacheDtype {
+        self.dtype
     }
 
     pub fn block_size(&self) -> usize {
@@ -60,29 +125,126 @@ impl PagedKvCache {
         self.num_blocks
     }
 
-    /// Copy block `src` into `dst` in every layer (copy-on-write of a shared partial block).
+    /// Blocks currently held at f32 while they fill (int8 only).
+    pub fn staging_blocks(&self) -> usize {
+        self.staging.len()
+    }
+
+    /// Elements of one layer in a staging buffer (K then V).
+    fn staging_layer(&self) -> usize {
+        2 * self.kv_heads * self.head_dim * self.block_size
+    }
+
+    /// Forget the staging of blocks the engine freed (a partial block's content dies with its
+    /// sequence; full blocks have none). Call before the pass that may reuse them.
+    pub fn release(&mut self, blocks: &[u32]) {
+        for b in blocks {
+            if let Some(buf) = self.staging.remove(b) {
+                self.recycle(buf);
+            }
+        }
+    }
+
+    fn recycle(&mut self, buf: Box<[f32]>) {
+        if self.spare.len() < SPARE_STAGING {
+            self.spare.push(buf);
+        }
+    }
+
+    /// A fresh zeroed staging buffer for `block` (replacing any stale one).
+    fn stage(&mut self, block: u32) {
+        let len = self.layers.len() * self.staging_layer();
+        let buf = match self.spare.pop() {
+            Some(mut b) => {
+                b.fill(0.0);
+                b
+            }
+            None => vec![0f32; len].into_boxed_slice(),
+        };
+        if let Some(old) = self.staging.insert(block, buf) {
+            self.recycle(old);
+        }
+    }
+
+    /// Copy block `src` into `dst` in every layer (copy-on-write of a shared block), statistics
+    /// and staging included.
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        let n = self.kv_heads * self.block_size * self.head_dim;
         let (s, d) = (src as usize, dst as usize);
         if s >= self.num_blocks || d >= self.num_blocks {
             return Err(ModelError::Batch(format!("copy of block {src} to {dst} outside the pool")));
         }
-        for (k, v) in &mut self.layers {
-            k.copy_within(s * n..(s + 1) * n, d * n);
-            v.copy_within(s * n..(s + 1) * n, d * n);
+        let n = self.kv_heads * self.block_size * self.head_dim;
+        let per_head = self.kv_heads * self.head_dim;
+        let rows = self.kv_heads * self.block_size;
+        fn copy<T: Copy>(buf: &mut [T], s: usize, d: usize, n: usize) {
+            buf.copy_within(s * n..(s + 1) * n, d * n);
+        }
+        for layer in &mut self.layers {
+            match layer {
+                LayerStore::F32 { k, v } => (copy(k, s, d, n), copy(v, s, d, n)),
+                LayerStore::Bf16 { k, v } => (copy(k, s, d, n), copy(v, s, d, n)),
+                LayerStore::Int8 { k, k_min, k_scale, v, v_scale } => {
+                    copy(k, s, d, n);
+                    copy(v, s, d, n);
+                    copy(k_min, s, d, per_head);
+                    copy(k_scale, s, d, per_head);
+                    (copy(v_scale, s, d, rows), ())
+                }
+            };
+        }
+        match self.staging.get(&src).cloned() {
+            Some(buf) => {
+                if let Some(old) = self.staging.insert(dst, buf) {
+                    self.recycle(old);
+                }
+            }
+            None => self.release(&[dst]),
         }
         Ok(())
     }
 
-    /// Every chunk's block table must cover its context and name blocks of the pool.
-    fn check_tables(&self, batch: &ForwardBatch) -> Result<()> {
+    /// Make full block `block` writable again from token `keep` on (a rollback into it): an int8
+    /// block's first `keep` tokens go back to staging, as their codes read. f32 and bf16 blocks
+    /// need nothing.
+    pub fn reopen_block(&mut self, block: u32, keep: usize) -> Result<()> {
+        if block as usize >= self.num_blocks || keep >= self.block_size {
+            return Err(ModelError::Batch(format!("reopening block {block} at token {keep} is outside the pool")));
+        }
+        if self.dtype != KvCacheDtype::Int8 || self.staging.contains_key(&block) {
+            return Ok(());
+        }
+        self.stage(block);
+        let (hkv, d, bs, per) = (self.kv_heads, self.head_dim, self.block_size, self.staging_layer());
+        let Some(buf) = self.staging.get_mut(&block) else { return Ok(()) };
+        for (l, layer) in self.layers.iter().enumerate() {
+            let LayerStore::Int8 { k, k_min, k_scale, v, v_scale } = layer else { continue };
+            let (ks, vs) = buf[l * per..(l + 1) * per].split_at_mut(per / 2);
+            for h in 0..hkv {
+                let bh = block as usize * hkv + h;
+                for t in 0..keep {
+                    for c in 0..d {
+                        let i = (h * d + c) * bs + t;
+                        ks[i] = dequantize_key(k[bh * d * bs + c * bs + t], k_min[bh * d + c], k_scale[bh * d + c]);
+                        let j = (h * bs + t) * d + c;
+                        vs[j] = dequantize_value(v[bh * bs * d + t * d + c], v_scale[bh * bs + t]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every chunk's block table must cover its context and name blocks of the pool; for int8,
+    /// take staging for the blocks this pass starts and note those it fills.
+    fn begin_pass(&mut self, batch: &ForwardBatch) -> Result<()> {
+        let bs = self.block_size;
         for s in &batch.seqs {
-            let needed = (s.context_len + s.num_tokens).div_ceil(self.block_size);
+            let end = s.context_len + s.num_tokens;
+            let needed = end.div_ceil(bs);
             if s.blocks.len() < needed {
                 return Err(ModelError::Batch(format!(
-                    "sequence {} needs {needed} blocks for {} tokens but its table has {}",
+                    "sequence {} needs {needed} blocks for {end} tokens but its table has {}",
                     s.slot,
-                    s.context_len + s.num_tokens,
                     s.blocks.len()
                 )));
             }
@@ -90,7 +252,92 @@ impl PagedKvCache {
                 return Err(ModelError::Batch(format!("block {b} is outside the pool of {}", self.num_blocks)));
             }
         }
+        self.filling.clear();
+        if self.dtype != KvCacheDtype::Int8 {
+            return Ok(());
+        }
+        for s in &batch.seqs {
+            let end = s.context_len + s.num_tokens;
+            for b in s.context_len / bs..end.div_ceil(bs) {
+                let block = s.blocks[b];
+                if b * bs >= s.context_len {
+                    self.stage(block);
+                } else if !self.staging.contains_key(&block) {
+                    return Err(ModelError::Batch(format!(
+                        "sequence {}: block {block} holds {} tokens but has no full-precision copy (freed too early?)",
+                        s.slot,
+                        s.context_len - b * bs
+                    )));
+                }
+                if (b + 1) * bs <= end {
+                    self.filling.push(block);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Store the new tokens' keys and values of `layer` (int8: into staging, then quantize the
+    /// blocks that are now full).
+    fn write(&mut self, layer: usize, batch: &ForwardBatch, kv_new: &[f32], vv_new: &[f32]) {
+        let (bs, hkv, d) = (self.block_size, self.kv_heads, self.head_dim);
+        let per = self.staging_layer();
+        let mut row = 0;
+        for s in &batch.seqs {
+            for t in 0..s.num_tokens {
+                let pos = s.context_len + t;
+                let (block, off) = (s.blocks[pos / bs], pos % bs);
+                for h in 0..hkv {
+                    let src = ((row + t) * hkv + h) * d;
+                    let (kn, vn) = (&kv_new[src..src + d], &vv_new[src..src + d]);
+                    // Offsets of this token's key column and value row within a block's layer.
+                    let (kcol, vrow) = (h * d * bs + off, (h * bs + off) * d);
+                    let base = block as usize * hkv * bs * d;
+                    match &mut self.layers[layer] {
+                        LayerStore::F32 { k, v } => {
+                            v[base + vrow..][..d].copy_from_slice(vn);
+                            for (c, &x) in kn.iter().enumerate() {
+                                k[base + kcol + c * bs] = x;
+                            }
+                        }
+                        LayerStore::Bf16 { k, v } => {
+                            for (c, (&x, &y)) in kn.iter().zip(vn).enumerate() {
+                                k[base + kcol + c * bs] = kv_quant::to_bf16(x);
+                                v[base + vrow + c] = kv_quant::to_bf16(y);
+                            }
+                        }
+                        LayerStore::Int8 { .. } => {
+                            // `begin_pass` staged every block this pass writes.
+                            let Some(buf) = self.staging.get_mut(&block) else { continue };
+                            let (ks, vs) = buf[layer * per..(layer + 1) * per].split_at_mut(per / 2);
+                            vs[vrow..vrow + d].copy_from_slice(vn);
+                            for (c, &x) in kn.iter().enumerate() {
+                                ks[kcol + c * bs] = x;
+                            }
+                        }
+                    }
+                }
+            }
+            row += s.num_tokens;
+        }
+        if let LayerStore::Int8 { k, k_min, k_scale, v, v_scale } = &mut self.layers[layer] {
+            for &block in &self.filling {
+                let Some(buf) = self.staging.get(&block) else { continue };
+                let (ks, vs) = buf[layer * per..(layer + 1) * per].split_at(per / 2);
+                for h in 0..hkv {
+                    let bh = block as usize * hkv + h;
+                    let (src_k, src_v) = (&ks[h * d * bs..][..d * bs], &vs[h * bs * d..][..bs * d]);
+                    kv_quant::quantize_keys(
+                        src_k,
+                        bs,
+                        &mut k[bh * d * bs..][..d * bs],
+                        &mut k_min[bh * d..][..d],
+                        &mut k_scale[bh * d..][..d],
+                    );
+                    kv_quant::quantize_values(src_v, d, &mut v[bh * bs * d..][..bs * d], &mut v_scale[bh * bs..][..bs]);
+                }
+            }
+        }
     }
 }
 
@@ -108,143 +355,54 @@ impl KvCache for PagedKvCache {
             return Err(ModelError::Batch(format!("layer {layer} out of range")));
         }
         if layer == 0 {
-            self.check_tables(batch)?;
+            self.begin_pass(batch)?;
         }
         let (n, q_heads, d) = q.dims3()?;
         let (bs, hkv) = (self.block_size, self.kv_heads);
-        if k.dims3()? != (n, hkv, d) || d != self.head_dim {
+        if k.dims3()? != (n, hkv, d) || v.dims3()? != (n, hkv, d) || d != self.head_dim {
             return Err(ModelError::Batch(format!("k of shape {:?} does not fit the cache", k.dims())));
         }
-        let (kp, vp) = &mut self.layers[layer];
-        with_f32(k, |kv_new| {
-            with_f32(v, |vv_new| {
-                let mut row = 0;
-                for s in &batch.seqs {
-                    for t in 0..s.num_tokens {
-                        let pos = s.context_len + t;
-                        let (block, off) = (s.blocks[pos / bs] as usize, pos % bs);
-                        for h in 0..hkv {
-                            let src = ((row + t) * hkv + h) * d;
-                            let head = (block * hkv + h) * bs * d;
-                            vp[head + off * d..head + (off + 1) * d].copy_from_slice(&vv_new[src..src + d]);
-                            for (dd, &x) in kv_new[src..src + d].iter().enumerate() {
-                                kp[head + dd * bs + off] = x;
-                            }
-                        }
-                    }
-                    row += s.num_tokens;
+        with_f32(k, |kv_new| with_f32(v, |vv_new| self.write(layer, batch, kv_new, vv_new)))??;
+        let per = self.staging_layer();
+        // Int8: each sequence's exact copies of the blocks its queries sit in.
+        let exact: Vec<Vec<ExactBlock>> = batch
+            .seqs
+            .iter()
+            .map(|s| {
+                if self.dtype != KvCacheDtype::Int8 {
+                    return Ok(Vec::new());
                 }
+                (s.context_len / bs..(s.context_len + s.num_tokens).div_ceil(bs))
+                    .map(|b| {
+                        let buf = self.staging.get(&s.blocks[b]).ok_or_else(|| {
+                            ModelError::Batch(format!("block {} lost its full-precision copy", s.blocks[b]))
+                        })?;
+                        let (k, v) = buf[layer * per..(layer + 1) * per].split_at(per / 2);
+                        Ok(ExactBlock { k, v })
+                    })
+                    .collect::<Result<Vec<_>>>()
             })
-        })??;
+            .collect::<Result<_>>()?;
         let mut views = Vec::with_capacity(batch.seqs.len());
         let mut row = 0;
-        for s in &batch.seqs {
-            views.push(SeqView { row, context_len: s.context_len, num_tokens: s.num_tokens, blocks: &s.blocks });
+        for (s, exact) in batch.seqs.iter().zip(&exact) {
+            views.push(SeqView { row, context_len: s.context_len, num_tokens: s.num_tokens, blocks: &s.blocks, exact });
             row += s.num_tokens;
         }
-        let pool = PagedLayer { k: kp, v: vp, block_size: bs, kv_heads: hkv, head_dim: d };
+        let pool = PagedLayer { store: self.layers[layer].view(), block_size: bs, kv_heads: hkv, head_dim: d };
         let mut out = vec![0f32; n * q_heads * d];
         with_f32(q, |qv| paged_attention(qv, q_heads, &views, &pool, window, &mut out))?;
+        drop(views);
+        drop(exact);
+        if layer + 1 == self.layers.len() {
+            // Every layer has read the blocks that filled: their staging is no longer needed.
+            let filled = std::mem::take(&mut self.filling);
+            self.release(&filled);
+        }
         let device: &Device = q.device();
         Ok(Tensor::from_vec(out, (n, q_heads * d), device)?.to_dtype(q.dtype())?)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::batch::LogitsRows;
-    use crate::kv_cache::ContiguousKvCache;
-    use candle_core::DType;
-
-    fn cfg() -> Qwen2Config {
-        Qwen2Config::from_json_str(
-            r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":192,"intermediate_size":128,"num_hidden_layers":1,
-                "num_attention_heads":6,"num_key_value_heads":2,"vocab_size":10,"max_position_embeddings":512,
-                "rms_norm_eps":1e-6,"rope_theta":10000.0}"#,
-        )
-        .unwrap()
-    }
-
-    fn rand(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// Runs the same chunks through the paged and the contiguous cache and compares outputs.
-    fn compare(window: Option<usize>) {
-        let c = cfg();
-        let (hq, hkv, d, bs) = (6, 2, 32, 4);
-        let mut paged = PagedKvCache::new(&c, bs, 64).unwrap();
-        let mut reference = ContiguousKvCache::for_config(&c, DType::F32, &Device::Cpu);
-        // Deliberately scattered, non-adjacent, descending block tables.
-        let tables: [Vec<u32>; 3] =
-            [vec![63, 7, 31, 2, 50, 11, 40], vec![5, 60, 0, 33, 21, 9, 48, 17], vec![44, 13, 3, 58, 26, 37]];
-        // Step plans: (seq, context_len, new tokens).
-        let steps: [&[(usize, usize, usize)]; 4] = [
-            &[(0, 0, 9), (1, 0, 3)],
-            &[(1, 3, 14), (0, 9, 1), (2, 0, 1)],
-            &[(2, 1, 20), (0, 10, 1)],
-            &[(0, 11, 1), (1, 17, 1), (2, 21, 2)],
-        ];
-        for (si, plan) in steps.iter().enumerate() {
-            let mut batch = ForwardBatch::new();
-            for &(seq, ctx, n) in plan.iter() {
-                batch.push_paged(seq, ctx, &vec![1; n], LogitsRows::All, tables[seq].clone());
-            }
-            let n = batch.num_tokens();
-            let t = |shape: (usize, usize, usize), seed| {
-                Tensor::from_vec(rand(shape.0 * shape.1 * shape.2, seed), shape, &Device::Cpu).unwrap()
-            };
-            let q = t((n, hq, d), 10 + si as u64);
-            let k = t((n, hkv, d), 20 + si as u64);
-            let v = t((n, hkv, d), 30 + si as u64);
-            let a = paged.attention(0, &batch, &q, &k, &v, window).unwrap().to_vec2::<f32>().unwrap();
-            let b = reference.attention(0, &batch, &q, &k, &v, window).unwrap().to_vec2::<f32>().unwrap();
-            let max = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(max <= 1e-6, "step {si}: max |Δ| = {max}");
-        }
-    }
-
-    #[test]
-    fn paged_matches_contiguous_reference() {
-        compare(None);
-    }
-
-    #[test]
-    fn paged_matches_contiguous_reference_with_sliding_window() {
-        compare(Some(5));
-    }
-
-    #[test]
-    fn short_block_table_is_an_error_not_a_panic() {
-        let c = cfg();
-        let mut paged = PagedKvCache::new(&c, 4, 8).unwrap();
-        let mut batch = ForwardBatch::new();
-        batch.push_paged(0, 0, &[1; 9], LogitsRows::Last, vec![0, 1]);
-        let z = |h| Tensor::zeros((9, h, 32), DType::F32, &Device::Cpu).unwrap();
-        let err = paged.attention(0, &batch, &z(6), &z(2), &z(2), None).unwrap_err().to_string();
-        assert!(err.contains("needs 3 blocks"), "{err}");
-        let mut batch = ForwardBatch::new();
-        batch.push_paged(0, 0, &[1; 2], LogitsRows::Last, vec![8]);
-        let z = |h| Tensor::zeros((2, h, 32), DType::F32, &Device::Cpu).unwrap();
-        assert!(paged.attention(0, &batch, &z(6), &z(2), &z(2), None).is_err());
-    }
-
-    #[test]
-    fn copy_block_copies_every_layer() {
-        let c = cfg();
-        let mut paged = PagedKvCache::new(&c, 2, 4).unwrap();
-        paged.layers[0].0[0] = 7.0;
-        paged.copy_block(0, 3).unwrap();
-        assert_eq!(paged.layers[0].0[3 * 2 * 2 * 32], 7.0);
-        assert!(paged.copy_block(0, 4).is_err());
-    }
-}
+mod tests;

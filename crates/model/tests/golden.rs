@@ -114,7 +114,7 @@ fn push(b: &mut ForwardBatch, paged: bool, slot: usize, ctx: usize, toks: &[u32]
 
 fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
     if paged {
-        Box::new(PagedKvCache::new(model.config(), 16, POOL_BLOCKS).unwrap())
+        Box::new(PagedKvCache::new(model.config(), flint_model::KvCacheDtype::F32, 16, POOL_BLOCKS).unwrap())
     } else {
         Box::new(ContiguousKvCache::for_config(model.config(), DType::F32, &Device::Cpu))
     }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use flint_engine::EngineStats;
+use flint_engine::{CacheInfo, EngineStats};
 
 /// vLLM's bucket boundaries (seconds).
 const TTFT_BUCKETS: &[f64] = &[
@@ -127,7 +127,8 @@ impl Metrics {
         self.with(|m| bump(&mut m.failure, reason));
     }
 
-    pub fn render(&self, st: &EngineStats) -> String {
+    /// The exposition text; `cache` is `None` while the model loads.
+    pub fn render(&self, st: &EngineStats, cache: Option<&CacheInfo>) -> String {
         let labels = format!("model_name=\"{}\"", self.model_name.replace('\\', "\\\\").replace('"', "\\\""));
         let mut out = String::new();
         let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
@@ -152,6 +153,15 @@ impl Metrics {
         gauge("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", st.prompt_tokens as f64);
         gauge("vllm:generation_tokens_total", "Tokens generated.", "counter", st.generation_tokens as f64);
         gauge("vllm:cache_config_info", "KV-cache configuration.", "gauge", 1.0);
+        if let Some(c) = cache {
+            gauge(
+                "flint:kv_cache_bytes_per_token",
+                "KV-cache bytes per token (full blocks).",
+                "gauge",
+                c.bytes_per_token,
+            );
+            gauge("flint:kv_cache_capacity_tokens", "Tokens the KV pool holds.", "gauge", c.capacity_tokens as f64);
+        }
         let Ok(m) = self.inner.lock().map(|g| g.clone()) else { return out };
         let _ = writeln!(
             out,
@@ -172,12 +182,17 @@ impl Metrics {
         m.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", &labels);
         m.queue.render(&mut out, "vllm:request_queue_time_seconds", "Time from arrival to first scheduling.", &labels);
         // The cache geometry as labels (vLLM's info-gauge convention) on the line written above.
+        let geometry = match cache {
+            Some(c) => format!(
+                "block_size=\"{}\",num_gpu_blocks=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\",\
+                 bytes_per_token=\"{:.1}\",capacity_tokens=\"{}\"",
+                c.block_size, c.num_blocks, c.dtype, c.prefix_caching, c.bytes_per_token, c.capacity_tokens
+            ),
+            None => format!("block_size=\"{}\",num_gpu_blocks=\"{}\"", st.block_size, st.num_blocks),
+        };
         out = out.replace(
             &format!("vllm:cache_config_info{{{labels}}} 1"),
-            &format!(
-                "vllm:cache_config_info{{{labels},block_size=\"{}\",num_gpu_blocks=\"{}\",cache_dtype=\"f32\"}} 1",
-                st.block_size, st.num_blocks
-            ),
+            &format!("vllm:cache_config_info{{{labels},{geometry}}} 1"),
         );
         out
     }
@@ -194,13 +209,17 @@ mod tests {
         m.ttft(3.0);
         m.finished("stop", 1.2);
         m.failed("overloaded");
-        let text = m.render(&EngineStats {
-            num_running: 2,
-            kv_cache_usage: 0.25,
-            block_size: 16,
+        let cache = CacheInfo {
+            dtype: "int8".into(),
+            block_size: 128,
             num_blocks: 8,
-            ..Default::default()
-        });
+            bytes_per_token: 6264.0,
+            capacity_tokens: 1024,
+            prefix_caching: true,
+        };
+        let stats =
+            EngineStats { num_running: 2, kv_cache_usage: 0.25, block_size: 128, num_blocks: 8, ..Default::default() };
+        let text = m.render(&stats, Some(&cache));
         assert!(text.contains("vllm:num_requests_running{model_name=\"demo\"} 2"), "{text}");
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"demo\"} 0.25"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.04\"} 1"));
@@ -208,6 +227,9 @@ mod tests {
         assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"demo\"} 2"));
         assert!(text.contains("vllm:request_success_total{model_name=\"demo\",finished_reason=\"stop\"} 1"));
         assert!(text.contains("flint:request_failure_total{model_name=\"demo\",reason=\"overloaded\"} 1"));
-        assert!(text.contains("block_size=\"16\""));
+        assert!(text.contains("block_size=\"128\",num_gpu_blocks=\"8\",cache_dtype=\"int8\""), "{text}");
+        assert!(text.contains("capacity_tokens=\"1024\""));
+        assert!(text.contains("flint:kv_cache_bytes_per_token{model_name=\"demo\"} 6264"));
+        assert!(m.render(&stats, None).contains("vllm:cache_config_info{model_name=\"demo\",block_size=\"128\""));
     }
 }

@@ -126,8 +126,10 @@ async fn model_by_id(State(state): State<SharedState>, Path(id): Path<String>) -
 
 async fn metrics(State(state): State<SharedState>) -> Response {
     // Also during the shutdown grace, while requests still run.
-    let stats = state.model_for_shutdown().map(|m| m.engine.stats()).unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&stats)).into_response()
+    let model = state.model_for_shutdown().ok();
+    let stats = model.as_ref().map(|m| m.engine.stats()).unwrap_or_default();
+    let text = state.metrics.render(&stats, model.as_ref().map(|m| &m.cache));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use flint_engine::chat_template::ChatTemplate;
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::Engine;
+use flint_engine::{CacheInfo, Engine};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -18,6 +18,8 @@ pub struct ServingModel {
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
     pub max_model_len: usize,
+    /// The KV cache's type and geometry (for `/metrics`).
+    pub cache: CacheInfo,
 }
 
 #[derive(Debug, Clone)]

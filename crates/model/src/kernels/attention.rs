@@ -1,29 +1,81 @@
-//! Causal attention that reads keys and values where they live: in fixed-size blocks of a paged
-//! pool, found through each sequence's block table. Nothing is gathered into a contiguous copy.
+//! Causal attention that reads keys and values where and as they are stored: in fixed-size blocks
+//! of a paged pool, found through each sequence's block table, as f32, bf16 or int8 (see
+//! [`super::kv_quant`]). Nothing is gathered or dequantized into a copy of the cache.
 //!
-//! One task handles a run of up to [`QUERY_TILE`] query tokens of one sequence against one KV
-//! head, for all the query heads that share that KV head (grouped-query attention without
-//! repeating K/V). Softmax is online, one key block at a time. Every query row's result depends
-//! only on its own query vector and the keys and values at positions `0..=pos`, visited in
-//! position order in blocks of `block_size` positions — never on the batch, the prefill chunking
-//! or which physical blocks hold the data, so batching cannot change a request's tokens.
+//! **One arithmetic per query row**, whatever the batch, the chunking, the thread count or the
+//! instruction set. A row at position `pos` attends to keys `lo..=pos`. The keys are cut into
+//! fixed *segments* of [`SEGMENT_TOKENS`] positions (whole blocks), each segment into *key tiles*
+//! of up to [`KEY_TILE`] positions inside one block. Per segment: an online softmax over its tiles
+//! in order, starting afresh (max, sum, weighted values); then the segments are folded in order
+//! with the log-sum-exp merge. Every operation's order is fixed (see [`Portable`]): the AVX-512
+//! path does the same operations, only 16 keys or channels at a time, so every path gives the same
+//! bits — and a row's result depends only on its own query and the stored keys and values.
+//!
+//! That makes the parallel split free to choose:
+//! - **Prefill**: one task per (sequence, KV head, [`QUERY_TILE`] query tokens): the rows of all
+//!   the query heads sharing the KV head and of several tokens read each key and value tile once,
+//!   and tiles a row cannot see (past its position) are skipped whole.
+//! - **Decode** (flash-decoding): when sequences × KV heads give the threads too little to do, each
+//!   segment of a short chunk becomes a task of its own; partial (max, sum, values) per segment are
+//!   folded afterwards in segment order — the same fold a single task does as it goes.
+//!
+//! An int8 cache keeps the block a query sits in at full precision (KIVI's residual window): a row
+//! reads its own block from the [`ExactBlock`]s its sequence supplies and every earlier block from
+//! the codes, so whether a block was already full when a row ran never changes the row.
 
 use std::sync::OnceLock;
 
+use super::kv_quant::{from_bf16, scale};
 use super::pool;
 
-/// Query tokens per task: enough tasks for the threads on one long prompt, few per decode.
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Keys per online-softmax step: one 16-lane vector of scores.
+pub const KEY_TILE: usize = 16;
+/// Positions per segment, the unit a long context is split into across threads (rounded to whole
+/// blocks; at least one block).
+pub const SEGMENT_TOKENS: usize = 256;
+/// Query tokens per prefill task.
 const QUERY_TILE: usize = 16;
 
-/// The paged pool of one layer: K as `[num_blocks][kv_heads][head_dim][block_size]` (transposed,
-/// so a block's 16 scores are 16-wide multiply-adds over the head dimension with no per-step
-/// transpose) and V as `[num_blocks][kv_heads][block_size][head_dim]`.
+/// One layer of the paged pool, as stored. Per block and KV head, keys are transposed
+/// (`[head_dim][block_size]`: a channel's keys for a tile are 16 consecutive numbers) and values
+/// are rows (`[block_size][head_dim]`).
+#[derive(Clone, Copy)]
+pub enum KvStore<'a> {
+    F32 {
+        k: &'a [f32],
+        v: &'a [f32],
+    },
+    Bf16 {
+        k: &'a [u16],
+        v: &'a [u16],
+    },
+    /// Key codes (u8, per-channel f16 minimum and scale code per block and head) and value codes
+    /// (i8, a scale code per token).
+    Int8 {
+        k: &'a [u8],
+        k_min: &'a [u16],
+        k_scale: &'a [u8],
+        v: &'a [i8],
+        v_scale: &'a [u8],
+    },
+}
+
 pub struct PagedLayer<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub store: KvStore<'a>,
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// One block of one layer at full precision, laid out as the f32 store: K `[kv_heads][head_dim]
+/// [block_size]`, V `[kv_heads][block_size][head_dim]`.
+#[derive(Clone, Copy)]
+pub struct ExactBlock<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
 }
 
 /// One sequence's share of the batch: its new query rows start at `row`, the first sits at
@@ -33,10 +85,13 @@ pub struct SeqView<'a> {
     pub context_len: usize,
     pub num_tokens: usize,
     pub blocks: &'a [u32],
+    /// Int8 caches: the exact keys and values of blocks `context_len / bs ..= (context_len +
+    /// num_tokens − 1) / bs` (those holding this chunk's queries), in order. Empty otherwise.
+    pub exact: &'a [ExactBlock<'a>],
 }
 
 /// `q`: `[N, q_heads, head_dim]` (all sequences' new tokens). Writes `out`: `[N, q_heads·head_dim]`.
-/// The keys and values of the new tokens must already be in the pool.
+/// The keys and values of the new tokens must already be stored (int8: in `exact`).
 pub fn paged_attention(
     q: &[f32],
     q_heads: usize,
@@ -45,204 +100,522 @@ pub fn paged_attention(
     window: Option<usize>,
     out: &mut [f32],
 ) {
-    let (d, hkv) = (kv.head_dim, kv.kv_heads);
+    // Whole tasks first; if they give the threads too little, split the short chunks by segment.
+    let units: usize = seqs.iter().map(|s| kv.kv_heads * s.num_tokens.div_ceil(QUERY_TILE)).sum();
+    let split = units < 2 * pool::threads();
+    attention_with(q, q_heads, seqs, kv, window, out, split, Path::best(kv.head_dim));
+}
+
+/// The instruction sets [`segment`] can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Path {
+    Scalar,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+impl Path {
+    /// The fastest this CPU (and `FLINT_CPU_ISA`) allows for head size `d`.
+    pub(super) fn best(d: usize) -> Path {
+        if super::has_avx512() && d.is_multiple_of(16) && d <= 128 {
+            Path::Avx512
+        } else if super::has_avx2() {
+            Path::Avx2
+        } else {
+            Path::Scalar
+        }
+    }
+}
+
+/// [`paged_attention`] with the split and the path chosen by the caller (the tests try them all).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_with(
+    q: &[f32],
+    q_heads: usize,
+    seqs: &[SeqView],
+    kv: &PagedLayer,
+    window: Option<usize>,
+    out: &mut [f32],
+    split: bool,
+    path: Path,
+) {
+    let (d, hkv, bs) = (kv.head_dim, kv.kv_heads, kv.block_size);
     let g = q_heads / hkv;
-    let scale = 1.0 / (d as f32).sqrt();
+    let seg_blocks = (SEGMENT_TOKENS / bs).max(1);
     let mut tasks = Vec::new();
     for (s, seq) in seqs.iter().enumerate() {
+        let segs = (seq.context_len + seq.num_tokens - 1) / bs / seg_blocks + 1;
         for h in 0..hkv {
-            for t0 in (0..seq.num_tokens).step_by(QUERY_TILE) {
-                tasks.push((s, h, t0, (t0 + QUERY_TILE).min(seq.num_tokens)));
+            if split && seq.num_tokens <= QUERY_TILE && segs > 1 {
+                for seg in 0..segs {
+                    tasks.push(Task { s, h, t0: 0, t1: seq.num_tokens, seg: Some(seg) });
+                }
+            } else {
+                for t0 in (0..seq.num_tokens).step_by(QUERY_TILE) {
+                    tasks.push(Task { s, h, t0, t1: (t0 + QUERY_TILE).min(seq.num_tokens), seg: None });
+                }
             }
         }
     }
-    let compute = |i: usize| {
-        let (s, h, t0, t1) = tasks[i];
-        let task = Task { q, q_heads, seq: &seqs[s], kv, h, t0, t1, window, scale };
-        #[cfg(target_arch = "x86_64")]
-        if super::has_avx512() {
-            // SAFETY: AVX-512F was just detected.
-            return unsafe { task.run_avx512() };
-        }
-        task.run()
-    };
+    let ctx = Ctx { q, q_heads, seqs, kv, window, seg_blocks, scale: 1.0 / (d as f32).sqrt(), path };
     let results: Vec<OnceLock<Vec<f32>>> = tasks.iter().map(|_| OnceLock::new()).collect();
     pool::run(tasks.len(), |i| {
-        let _ = results[i].set(compute(i));
+        let _ = results[i].set(ctx.run(&tasks[i]));
     });
-    for (i, (&(s, h, t0, t1), res)) in tasks.iter().zip(results).enumerate() {
-        // `run` runs every task, so each result is there; recomputing is the fallback.
-        let res = res.into_inner().unwrap_or_else(|| compute(i));
+    let mut results: Vec<Vec<f32>> =
+        results.into_iter().enumerate().map(|(i, r)| r.into_inner().unwrap_or_else(|| ctx.run(&tasks[i]))).collect();
+    // Whole tasks hold their rows' outputs; split tasks one segment's partials each, folded here
+    // in segment order (the tasks of one (sequence, head) are consecutive, segments ascending).
+    let mut i = 0;
+    while i < tasks.len() {
+        let Task { s, h, t0, t1, seg } = tasks[i];
+        let rows = (t1 - t0) * g;
+        let mut j = i + 1;
+        let res = if seg.is_none() {
+            std::mem::take(&mut results[i])
+        } else {
+            while j < tasks.len() && tasks[j].seg.is_some() && (tasks[j].s, tasks[j].h) == (s, h) {
+                j += 1;
+            }
+            let mut total = Totals::new(rows, d);
+            for part in &results[i..j] {
+                for r in 0..rows {
+                    let p = &part[r * (d + 3)..][..d + 3];
+                    if p[0] != 0.0 {
+                        total.fold(r, p[1], p[2], &p[3..]);
+                    }
+                }
+            }
+            total.finish(d)
+        };
         let row0 = seqs[s].row;
         for t in t0..t1 {
             let src = &res[(t - t0) * g * d..][..g * d];
             out[((row0 + t) * q_heads + h * g) * d..][..g * d].copy_from_slice(src);
         }
+        i = j;
     }
 }
 
-/// One task: query tokens `t0..t1` of one sequence, all query heads of KV head `h`.
-struct Task<'a> {
-    q: &'a [f32],
-    q_heads: usize,
-    seq: &'a SeqView<'a>,
-    kv: &'a PagedLayer<'a>,
+/// Query tokens `t0..t1` of sequence `s` (all query heads of KV head `h`): every segment, folded
+/// into finished outputs `[rows][d]`; or segment `seg` alone, as `[rows][1 + 2 + d]` partials
+/// (touched flag, max, sum, weighted values).
+#[derive(Clone, Copy)]
+struct Task {
+    s: usize,
     h: usize,
     t0: usize,
     t1: usize,
-    window: Option<usize>,
-    scale: f32,
+    seg: Option<usize>,
 }
 
-impl Task<'_> {
-    /// The same body compiled for AVX-512: plain IEEE arithmetic (Rust never contracts into FMA),
-    /// so the bits are those of [`run`](Self::run), only wider vectors.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn run_avx512(&self) -> Vec<f32> {
-        self.body::<true>()
+struct Ctx<'a> {
+    q: &'a [f32],
+    q_heads: usize,
+    seqs: &'a [SeqView<'a>],
+    kv: &'a PagedLayer<'a>,
+    window: Option<usize>,
+    seg_blocks: usize,
+    scale: f32,
+    path: Path,
+}
+
+/// A query row of a task: its query (already multiplied by 1/√d) at `q[r·d..]`, the keys it sees
+/// (`lo..=pos`) and the block its position is in.
+#[derive(Clone, Copy)]
+pub(super) struct Row {
+    pub pos: usize,
+    pub lo: usize,
+    pub own: usize,
+}
+
+/// The rows of one task and what they read.
+pub(super) struct Rows<'a> {
+    pub q: Vec<f32>,
+    pub rows: Vec<Row>,
+    pub d: usize,
+    pub h: usize,
+    pub seq: &'a SeqView<'a>,
+    pub kv: &'a PagedLayer<'a>,
+}
+
+/// Where a (row, block) pair reads from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The stored block (whatever the cache's dtype).
+    Store,
+    /// The row's own block of an int8 cache, at full precision.
+    Exact,
+}
+
+impl Rows<'_> {
+    /// The keys row `r` sees in the tile of positions `t0..t0 + len`, as a position range
+    /// (empty when `a >= e`).
+    pub fn live(&self, r: usize, t0: usize, len: usize) -> (usize, usize) {
+        let row = self.rows[r];
+        (row.lo.max(t0), (row.pos + 1).min(t0 + len))
     }
 
-    fn run(&self) -> Vec<f32> {
-        self.body::<false>()
+    /// Which source row `r` reads block `b` from (`None`: nothing there for it).
+    pub fn source(&self, r: usize, b: usize) -> Option<Source> {
+        let bs = self.kv.block_size;
+        let row = self.rows[r];
+        if b > row.own || (b + 1) * bs <= row.lo {
+            None
+        } else if b == row.own && !self.seq.exact.is_empty() {
+            Some(Source::Exact)
+        } else {
+            Some(Source::Store)
+        }
     }
 
-    /// An online softmax per query row over the (transposed) key blocks.
-    #[inline(always)]
-    fn body<const AVX512: bool>(&self) -> Vec<f32> {
-        let (kv, seq) = (self.kv, self.seq);
-        let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
-        let g = self.q_heads / hkv;
-        let mut res = vec![0f32; (self.t1 - self.t0) * g * d];
-        let (mut scores, mut acc) = (vec![0f32; bs], vec![0f32; d]);
-        for t in self.t0..self.t1 {
+    /// The exact block `b` of this task's KV head: (K `[d][bs]`, V `[bs][d]`).
+    pub fn exact(&self, b: usize) -> (&[f32], &[f32]) {
+        let (bs, d) = (self.kv.block_size, self.d);
+        let e = &self.seq.exact[b - self.seq.context_len / bs];
+        (&e.k[self.h * d * bs..][..d * bs], &e.v[self.h * bs * d..][..bs * d])
+    }
+
+    /// Offset of (physical block of `b`, this head) in the store's per-head arrays, in heads.
+    pub fn store_head(&self, b: usize) -> usize {
+        self.seq.blocks[b] as usize * self.kv.kv_heads + self.h
+    }
+}
+
+/// Per-row state of one segment's online softmax.
+pub(super) struct SegState {
+    pub touched: Vec<bool>,
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
+    pub o: Vec<f32>,
+}
+
+impl SegState {
+    fn new(rows: usize, d: usize) -> Self {
+        Self {
+            touched: vec![false; rows],
+            m: vec![f32::NEG_INFINITY; rows],
+            l: vec![0.0; rows],
+            o: vec![0.0; rows * d],
+        }
+    }
+
+    fn reset(&mut self) {
+        self.touched.fill(false);
+        self.m.fill(f32::NEG_INFINITY);
+        self.l.fill(0.0);
+        self.o.fill(0.0);
+    }
+}
+
+/// Per-row running fold of the segments.
+struct Totals {
+    has: Vec<bool>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    o: Vec<f32>,
+    d: usize,
+}
+
+impl Totals {
+    fn new(rows: usize, d: usize) -> Self {
+        Self { has: vec![false; rows], m: vec![0.0; rows], l: vec![0.0; rows], o: vec![0.0; rows * d], d }
+    }
+
+    /// The log-sum-exp merge of one segment's partial into row `r`: both sides rescaled to the
+    /// larger maximum. The first segment is taken as is.
+    fn fold(&mut self, r: usize, m: f32, l: f32, o: &[f32]) {
+        let acc = &mut self.o[r * self.d..][..self.d];
+        if !self.has[r] {
+            self.has[r] = true;
+            (self.m[r], self.l[r]) = (m, l);
+            acc.copy_from_slice(o);
+            return;
+        }
+        let mx = self.m[r].max(m);
+        let (a, b) = (exp(self.m[r] - mx), exp(m - mx));
+        self.l[r] = l.mul_add(b, self.l[r] * a);
+        for (x, &y) in acc.iter_mut().zip(o) {
+            *x = y.mul_add(b, *x * a);
+        }
+        self.m[r] = mx;
+    }
+
+    /// Normalised outputs `[rows][d]` (rows that saw no key, which a causal row cannot be, give 0).
+    fn finish(mut self, d: usize) -> Vec<f32> {
+        for (r, acc) in self.o.chunks_exact_mut(d).enumerate() {
+            if self.has[r] {
+                let inv = 1.0 / self.l[r];
+                acc.iter_mut().for_each(|x| *x *= inv);
+            }
+        }
+        self.o
+    }
+}
+
+impl Ctx<'_> {
+    fn run(&self, task: &Task) -> Vec<f32> {
+        let seq = &self.seqs[task.s];
+        let (d, bs) = (self.kv.head_dim, self.kv.block_size);
+        let g = self.q_heads / self.kv.kv_heads;
+        let n = (task.t1 - task.t0) * g;
+        let mut q = vec![0f32; n * d];
+        let mut rows = Vec::with_capacity(n);
+        for t in task.t0..task.t1 {
             let pos = seq.context_len + t;
             let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            // The default block size and the usual head sizes have an explicit AVX-512 body, which
-            // takes the query heads of this KV head together (up to `MAX_GROUP` at a time), so
-            // each key/value block is read from memory once, not once per head. Everything else
-            // takes the portable body. Both do the same arithmetic in the same order.
-            #[cfg(target_arch = "x86_64")]
-            if AVX512 && bs == 16 && (d == 64 || d == 128) {
-                let q0 = ((seq.row + t) * self.q_heads + self.h * g) * d;
-                let out = &mut res[(t - self.t0) * g * d..][..g * d];
-                for j0 in (0..g).step_by(x86::MAX_GROUP) {
-                    let heads = (g - j0).min(x86::MAX_GROUP);
-                    let (q, o) = (&self.q[q0 + j0 * d..][..heads * d], &mut out[j0 * d..][..heads * d]);
-                    // SAFETY: `AVX512` is only set by `run_avx512`, after detecting AVX-512F; `q`
-                    // and `o` hold `heads` rows of `d`, and the block table covers `0..=pos`.
-                    unsafe {
-                        if d == 64 {
-                            x86::attend_heads::<64>(self, heads, lo, pos, q, o)
-                        } else {
-                            x86::attend_heads::<128>(self, heads, lo, pos, q, o)
-                        }
+            for j in 0..g {
+                let src = &self.q[((seq.row + t) * self.q_heads + task.h * g + j) * d..][..d];
+                let dst = &mut q[rows.len() * d..][..d];
+                for (x, &y) in dst.iter_mut().zip(src) {
+                    *x = y * self.scale;
+                }
+                rows.push(Row { pos, lo, own: pos / bs });
+            }
+        }
+        let lo_block = rows.iter().map(|r| r.lo / bs).min().unwrap_or(0);
+        let hi_block = rows.iter().map(|r| r.own).max().unwrap_or(0);
+        let rows = Rows { q, rows, d, h: task.h, seq, kv: self.kv };
+        let mut state = SegState::new(n, d);
+        let segments = match task.seg {
+            Some(s) => s..s + 1,
+            None => lo_block / self.seg_blocks..hi_block / self.seg_blocks + 1,
+        };
+        let mut totals = Totals::new(n, d);
+        let mut partials = Vec::new();
+        for seg in segments {
+            state.reset();
+            let b0 = (seg * self.seg_blocks).max(lo_block);
+            let b1 = ((seg + 1) * self.seg_blocks).min(hi_block + 1);
+            segment(&rows, b0, b1, &mut state, self.path);
+            if task.seg.is_some() {
+                partials.reserve(n * (d + 3));
+                for r in 0..n {
+                    partials.push(if state.touched[r] { 1.0 } else { 0.0 });
+                    partials.push(state.m[r]);
+                    partials.push(state.l[r]);
+                    partials.extend_from_slice(&state.o[r * d..][..d]);
+                }
+            } else {
+                for r in 0..n {
+                    if state.touched[r] {
+                        totals.fold(r, state.m[r], state.l[r], &state.o[r * d..][..d]);
                     }
                 }
-                continue;
-            }
-            for j in 0..g {
-                let qrow = &self.q[((seq.row + t) * self.q_heads + self.h * g + j) * d..][..d];
-                let out = &mut res[((t - self.t0) * g + j) * d..][..d];
-                self.attend_row(&mut acc, lo, pos, qrow, out, &mut scores);
             }
         }
-        res
+        if task.seg.is_some() {
+            partials
+        } else {
+            totals.finish(d)
+        }
+    }
+}
+
+/// One segment (blocks `b0..b1`) for every row of `rows`, on `path`.
+fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, path: Path) {
+    match path {
+        // SAFETY: `Path::best` (or a test that checked the CPU) chose the path: AVX-512F/BW are
+        // there and the head size is one it handles.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { x86::segment(rows, b0, b1, st) },
+        // SAFETY: as above, AVX2 and FMA are there.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { Portable::segment_avx2(rows, b0, b1, st) },
+        _ => Portable::segment(rows, b0, b1, st),
+    }
+}
+
+/// The reference: each row on its own, in the order every path follows. Also the path for CPUs
+/// without AVX-512 (compiled for AVX2 and FMA where the CPU has them, which vectorises the
+/// 16-lane loops).
+pub(super) struct Portable;
+
+impl Portable {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn segment_avx2(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
+        Self::segment(rows, b0, b1, st)
     }
 
-    /// One query row against positions `lo..=pos`: online softmax over the key blocks in order,
-    /// the weighted values summed into `acc`, the normalised result written to `out`.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn attend_row(&self, acc: &mut [f32], lo: usize, pos: usize, qrow: &[f32], out: &mut [f32], scores: &mut [f32]) {
-        let (kv, seq) = (self.kv, self.seq);
-        let (bs, d, hkv) = (kv.block_size, kv.head_dim, kv.kv_heads);
-        acc.fill(0.0);
-        let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
-        for b in lo / bs..=pos / bs {
-            let kb = &kv.k[(seq.blocks[b] as usize * hkv + self.h) * d * bs..][..d * bs];
-            if bs == 16 {
-                // The default block size: the 16 sums stay in registers.
-                block_scores::<16>(qrow, kb, scores);
-            } else {
-                block_scores_any(qrow, kb, bs, scores);
-            }
-            let (first, last) = ((b * bs).max(lo), ((b + 1) * bs - 1).min(pos));
-            let live = &mut scores[first - b * bs..=last - b * bs];
-            let mut block_max = f32::NEG_INFINITY;
-            for s in live.iter_mut() {
-                *s *= self.scale;
-                block_max = block_max.max(*s);
-            }
-            let new_max = max.max(block_max);
-            // Rescale what was accumulated under the old maximum (0 on the first block).
-            let correction = exp(max - new_max);
-            if correction != 1.0 {
-                denom *= correction;
-                acc.iter_mut().for_each(|o| *o *= correction);
-            }
-            max = new_max;
-            for s in live.iter_mut() {
-                *s = exp(*s - max);
-            }
-            let vbase = (seq.blocks[b] as usize * hkv + self.h) * bs * d;
-            for (i, &p) in live.iter().enumerate() {
-                denom += p;
-                let vrow = &kv.v[vbase + (first - b * bs + i) * d..][..d];
-                for (o, &v) in acc.iter_mut().zip(vrow) {
-                    *o += p * v;
+    pub(super) fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
+        let (d, bs) = (rows.d, rows.kv.block_size);
+        let mut kt = vec![0f32; d * KEY_TILE];
+        let mut vt = vec![0f32; KEY_TILE * d];
+        let mut qs = vec![0f32; d];
+        for r in 0..rows.rows.len() {
+            for b in b0..b1 {
+                let Some(src) = rows.source(r, b) else { continue };
+                let q = &rows.q[r * d..][..d];
+                // Int8 keys: scores are Σ (q·scale)·code + Σ q·min, the scale folded into the query.
+                let qb = match (src, rows.kv.store) {
+                    (Source::Store, KvStore::Int8 { k_min, k_scale, .. }) => {
+                        let at = rows.store_head(b) * d;
+                        let mins: Vec<f32> =
+                            k_min[at..at + d].iter().map(|&m| half::f16::from_bits(m).to_f32()).collect();
+                        for (c, x) in qs.iter_mut().enumerate() {
+                            *x = q[c] * scale(k_scale[at + c]);
+                        }
+                        Some(dot16(q, &mins))
+                    }
+                    _ => {
+                        qs.copy_from_slice(q);
+                        None
+                    }
+                };
+                for t0 in (0..bs).step_by(KEY_TILE) {
+                    let len = KEY_TILE.min(bs - t0);
+                    let (a, e) = rows.live(r, b * bs + t0, len);
+                    if a >= e {
+                        continue;
+                    }
+                    let vscale = load_tile(rows, src, b, t0, len, &mut kt, &mut vt);
+                    Self::tile(&qs, qb, &kt, &vt, vscale.as_ref(), d, a - (b * bs + t0), e - (b * bs + t0), r, st);
                 }
             }
         }
-        let inv = 1.0 / denom;
-        for (o, a) in out.iter_mut().zip(acc.iter()) {
-            *o = a * inv;
+    }
+
+    /// One row, one key tile: scores, the online-softmax update, the weighted values.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn tile(
+        qs: &[f32],
+        qb: Option<f32>,
+        kt: &[f32],
+        vt: &[f32],
+        vscale: Option<&[f32; KEY_TILE]>,
+        d: usize,
+        a: usize,
+        e: usize,
+        r: usize,
+        st: &mut SegState,
+    ) {
+        // Scores: channel c goes to partial sum c mod 2, each a chain of fused multiply-adds.
+        let (mut a0, mut a1) = ([0f32; KEY_TILE], [0f32; KEY_TILE]);
+        for c in 0..d {
+            let acc = if c % 2 == 0 { &mut a0 } else { &mut a1 };
+            let krow = &kt[c * KEY_TILE..][..KEY_TILE];
+            for t in 0..KEY_TILE {
+                acc[t] = qs[c].mul_add(krow[t], acc[t]);
+            }
+        }
+        let mut s = [0f32; KEY_TILE];
+        for t in 0..KEY_TILE {
+            s[t] = a0[t] + a1[t];
+            if let Some(qb) = qb {
+                s[t] += qb;
+            }
+        }
+        let block_max = s[a..e].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let new_max = st.m[r].max(block_max);
+        let correction = exp(st.m[r] - new_max);
+        let mut p = [0f32; KEY_TILE];
+        for t in a..e {
+            p[t] = exp(s[t] - new_max);
+        }
+        st.l[r] = st.l[r].mul_add(correction, tree_sum(&p));
+        st.m[r] = new_max;
+        st.touched[r] = true;
+        let o = &mut st.o[r * d..][..d];
+        if correction != 1.0 {
+            o.iter_mut().for_each(|x| *x *= correction);
+        }
+        for t in a..e {
+            let w = match vscale {
+                Some(vs) => p[t] * vs[t],
+                None => p[t],
+            };
+            for (x, &v) in o.iter_mut().zip(&vt[t * d..][..d]) {
+                *x = w.mul_add(v, *x);
+            }
         }
     }
 }
 
-/// Scores of one query against a transposed key block of `BS` slots: for each slot, the head
-/// dimension summed in four interleaved partial sums (`dd mod 4`), then `(s0 + s1) + (s2 + s3)`
-/// — four independent chains instead of one long one. Every path uses this order.
+/// Key tile `t0..t0 + len` of block `b` as f32 (`kt`: `[d][16]`, `vt`: `[16][d]`; lanes past `len`
+/// are zero) — int8 codes as their integer values — and, for int8 values, each token's scale.
+pub(super) fn load_tile(
+    rows: &Rows,
+    src: Source,
+    b: usize,
+    t0: usize,
+    len: usize,
+    kt: &mut [f32],
+    vt: &mut [f32],
+) -> Option<[f32; KEY_TILE]> {
+    let (d, bs) = (rows.d, rows.kv.block_size);
+    kt.fill(0.0);
+    vt.fill(0.0);
+    let at = rows.store_head(b) * bs * d;
+    let mut fill = |k: &dyn Fn(usize) -> f32, v: &dyn Fn(usize) -> f32| {
+        for c in 0..d {
+            for t in 0..len {
+                kt[c * KEY_TILE + t] = k(c * bs + t0 + t);
+            }
+        }
+        for t in 0..len {
+            for c in 0..d {
+                vt[t * d + c] = v((t0 + t) * d + c);
+            }
+        }
+    };
+    match (src, rows.kv.store) {
+        (Source::Exact, _) => {
+            let (k, v) = rows.exact(b);
+            fill(&|i| k[i], &|i| v[i]);
+            None
+        }
+        (Source::Store, KvStore::F32 { k, v }) => {
+            fill(&|i| k[at + i], &|i| v[at + i]);
+            None
+        }
+        (Source::Store, KvStore::Bf16 { k, v }) => {
+            fill(&|i| from_bf16(k[at + i]), &|i| from_bf16(v[at + i]));
+            None
+        }
+        (Source::Store, KvStore::Int8 { k, v, v_scale, .. }) => {
+            fill(&|i| k[at + i] as f32, &|i| v[at + i] as f32);
+            let mut vs = [0f32; KEY_TILE];
+            for (t, x) in vs.iter_mut().enumerate().take(len) {
+                *x = scale(v_scale[rows.store_head(b) * bs + t0 + t]);
+            }
+            Some(vs)
+        }
+    }
+}
+
+/// The first `len` (≤ 16) elements of `s`, zero-padded to a tile.
 #[inline(always)]
-fn block_scores<const BS: usize>(q: &[f32], kb: &[f32], out: &mut [f32]) {
-    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; BS], [0f32; BS], [0f32; BS], [0f32; BS]);
-    let quads = q.len() / 4;
-    for i in 0..quads {
-        let kr = &kb[i * 4 * BS..(i + 1) * 4 * BS];
-        let qs = &q[i * 4..i * 4 + 4];
-        for k in 0..BS {
-            a0[k] += qs[0] * kr[k];
-            a1[k] += qs[1] * kr[BS + k];
-            a2[k] += qs[2] * kr[2 * BS + k];
-            a3[k] += qs[3] * kr[3 * BS + k];
-        }
-    }
-    for dd in quads * 4..q.len() {
-        let a = match dd % 4 {
-            0 => &mut a0,
-            1 => &mut a1,
-            2 => &mut a2,
-            _ => &mut a3,
-        };
-        for k in 0..BS {
-            a[k] += q[dd] * kb[dd * BS + k];
-        }
-    }
-    for k in 0..BS {
-        out[k] = (a0[k] + a1[k]) + (a2[k] + a3[k]);
-    }
+pub(super) fn load_tile_len<T: Copy + Default>(s: &[T], len: usize) -> [T; KEY_TILE] {
+    let mut a = [T::default(); KEY_TILE];
+    a[..len].copy_from_slice(&s[..len]);
+    a
 }
 
-/// [`block_scores`] for any block size, in the same order.
-fn block_scores_any(q: &[f32], kb: &[f32], bs: usize, out: &mut [f32]) {
-    for (k, o) in out.iter_mut().enumerate().take(bs) {
-        let mut a = [0f32; 4];
-        for (dd, &qd) in q.iter().enumerate() {
-            a[dd % 4] += qd * kb[dd * bs + k];
-        }
-        *o = (a[0] + a[1]) + (a[2] + a[3]);
+/// Σ a[c]·b[c] as 16 lane-wise fused chains (channel c in lane c mod 16), then [`tree_sum`].
+#[inline(always)]
+pub(super) fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; KEY_TILE];
+    for (c, (&x, &y)) in a.iter().zip(b).enumerate() {
+        acc[c % KEY_TILE] = x.mul_add(y, acc[c % KEY_TILE]);
     }
+    tree_sum(&acc)
+}
+
+/// The sum of 16 lanes as a vector reduction does it: halves added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
+#[inline(always)]
+pub(super) fn tree_sum(p: &[f32; KEY_TILE]) -> f32 {
+    let mut h = [0f32; 8];
+    for i in 0..8 {
+        h[i] = p[i] + p[i + 8];
+    }
+    let g = [h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]];
+    let f = [g[0] + g[2], g[1] + g[3]];
+    f[0] + f[1]
 }
 
 /// `e^x` for the softmax's arguments (x ≤ 0), in plain arithmetic that vectorises and gives the
@@ -265,243 +638,5 @@ pub(super) fn exp(x: f32) -> f32 {
     p * f32::from_bits(bits)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)] // index loops mirror the lanes and slots they stand for
-mod x86 {
-    use super::Task;
-    use std::arch::x86_64::*;
-
-    /// `e^x` on 16 lanes: [`super::exp`]'s operations, one for one.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_setzero_ps());
-        let magic = _mm512_set1_ps(12_582_912.0);
-        let k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)), magic), magic);
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693_145_75))),
-            _mm512_mul_ps(k, _mm512_set1_ps(1.428_606_8e-6)),
-        );
-        let c = |v: f32| _mm512_set1_ps(v);
-        let mut p = _mm512_add_ps(c(1.0 / 120.0), _mm512_mul_ps(r, c(1.0 / 720.0)));
-        p = _mm512_add_ps(c(1.0 / 24.0), _mm512_mul_ps(r, p));
-        p = _mm512_add_ps(c(1.0 / 6.0), _mm512_mul_ps(r, p));
-        p = _mm512_add_ps(c(0.5), _mm512_mul_ps(r, p));
-        p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
-        p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
-        let bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23);
-        _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
-    }
-
-    /// The most query heads [`attend_heads`] takes at once (Qwen2 models have 5 to 8 per KV head).
-    pub(super) const MAX_GROUP: usize = 8;
-
-    /// [`Task::attend_row`] for 16-slot blocks, a head size `D` (64 or 128) and `g ≤ MAX_GROUP`
-    /// query heads of one token that share a KV head, block by block: each head's arithmetic is
-    /// exactly `attend_row`'s (scores in four partial-sum registers, a 16-lane exp, the output
-    /// in `D / 16` registers), only interleaved with the others', so a key/value block is loaded
-    /// once for all of them. Per-head state lives in small arrays.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn attend_heads<const D: usize>(
-        task: &Task,
-        g: usize,
-        lo: usize,
-        pos: usize,
-        qrows: &[f32],
-        out: &mut [f32],
-    ) {
-        const BS: usize = 16;
-        let (kv, seq) = (task.kv, task.seq);
-        let hkv = kv.kv_heads;
-        let nv = D / 16;
-        let mut acc = [[_mm512_setzero_ps(); 8]; MAX_GROUP];
-        let (mut max, mut denom) = ([f32::NEG_INFINITY; MAX_GROUP], [0f32; MAX_GROUP]);
-        let mut p = [0f32; BS];
-        for b in lo / BS..=pos / BS {
-            let blk = (seq.blocks[b] as usize * hkv + task.h) * BS * D;
-            let (kb, vbase) = (kv.k.as_ptr().add(blk), kv.v.as_ptr().add(blk));
-            let (first, last) = ((b * BS).max(lo) - b * BS, ((b + 1) * BS - 1).min(pos) - b * BS);
-            let live: __mmask16 = ((1u32 << (last + 1)) - (1u32 << first)) as __mmask16;
-            // The next block is somewhere else in the pool (the table is indirect, so the
-            // hardware prefetcher cannot guess it): fetch it while this one is computed.
-            if b < pos / BS {
-                let next = (seq.blocks[b + 1] as usize * hkv + task.h) * BS * D;
-                let (nk, nv_) = (kv.k.as_ptr().add(next) as *const i8, kv.v.as_ptr().add(next) as *const i8);
-                for line in (0..BS * D * 4).step_by(64) {
-                    _mm_prefetch(nk.add(line), _MM_HINT_T0);
-                    _mm_prefetch(nv_.add(line), _MM_HINT_T0);
-                }
-            }
-            for j in 0..g {
-                let q = qrows.as_ptr().add(j * D);
-                let mut s = [_mm512_setzero_ps(); 4];
-                for dd in (0..D).step_by(4) {
-                    for u in 0..4 {
-                        let k = _mm512_loadu_ps(kb.add((dd + u) * BS));
-                        s[u] = _mm512_add_ps(s[u], _mm512_mul_ps(_mm512_set1_ps(*q.add(dd + u)), k));
-                    }
-                }
-                let sc = _mm512_mul_ps(
-                    _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])),
-                    _mm512_set1_ps(task.scale),
-                );
-                let block_max = _mm512_mask_reduce_max_ps(live, sc);
-                let new_max = max[j].max(block_max);
-                let correction = super::exp(max[j] - new_max);
-                let mut a = [_mm512_setzero_ps(); 8];
-                a[..nv].copy_from_slice(&acc[j][..nv]);
-                if correction != 1.0 {
-                    denom[j] *= correction;
-                    let cv = _mm512_set1_ps(correction);
-                    for c in 0..nv {
-                        a[c] = _mm512_mul_ps(a[c], cv);
-                    }
-                }
-                max[j] = new_max;
-                _mm512_storeu_ps(p.as_mut_ptr(), exp16(_mm512_sub_ps(sc, _mm512_set1_ps(new_max))));
-                for i in first..=last {
-                    let pi = p[i];
-                    denom[j] += pi;
-                    let pv = _mm512_set1_ps(pi);
-                    let vrow = vbase.add(i * D);
-                    for c in 0..nv {
-                        a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(pv, _mm512_loadu_ps(vrow.add(c * 16))));
-                    }
-                }
-                acc[j][..nv].copy_from_slice(&a[..nv]);
-            }
-        }
-        for j in 0..g {
-            let inv = _mm512_set1_ps(1.0 / denom[j]);
-            for c in 0..nv {
-                _mm512_storeu_ps(out.as_mut_ptr().add(j * D + c * 16), _mm512_mul_ps(acc[j][c], inv));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 20_000) as f32 / 5_000.0 - 2.0
-            })
-            .collect()
-    }
-
-    /// Every path (portable, AVX-512) against a plain f64 softmax, and against each other bit
-    /// for bit, on scattered block tables, prefix + new tokens, with and without a window.
-    #[test]
-    fn paths_agree_bit_for_bit_and_match_a_plain_softmax() {
-        // g = 3 takes the AVX-512 body in one pass over the heads, g = 9 in two (8 + 1).
-        for (d, bs, g) in [(64, 16, 3), (128, 16, 3), (64, 16, 9), (128, 16, 9), (32, 16, 3), (64, 8, 3)] {
-            for window in [None, Some(21)] {
-                check(d, bs, g, window);
-            }
-        }
-    }
-
-    fn check(d: usize, bs: usize, g: usize, window: Option<usize>) {
-        let (hkv, num_blocks) = (2, 12);
-        let q_heads = hkv * g;
-        let k = data(num_blocks * hkv * bs * d, 1);
-        let v = data(num_blocks * hkv * bs * d, 2);
-        let kv = PagedLayer { k: &k, v: &v, block_size: bs, kv_heads: hkv, head_dim: d };
-        // Sequence 0: 5 cached + 30 new tokens over blocks in scrambled order; sequence 1: decode.
-        let t0: Vec<u32> = vec![7, 2, 9, 0, 11, 4];
-        let t1: Vec<u32> = vec![5, 3, 10];
-        let seqs = [
-            SeqView { row: 0, context_len: 5, num_tokens: 30, blocks: &t0 },
-            SeqView { row: 30, context_len: 2 * bs + 3, num_tokens: 1, blocks: &t1 },
-        ];
-        let n = 31;
-        let q = data(n * q_heads * d, 3);
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut first: Option<Vec<f32>> = None;
-        for simd in [false, true] {
-            #[cfg(target_arch = "x86_64")]
-            if simd && !std::arch::is_x86_feature_detected!("avx512f") {
-                continue;
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            if simd {
-                continue;
-            }
-            let mut out = vec![0f32; n * q_heads * d];
-            for (si, seq) in seqs.iter().enumerate() {
-                for h in 0..hkv {
-                    let task = Task { q: &q, q_heads, seq, kv: &kv, h, t0: 0, t1: seq.num_tokens, window, scale };
-                    #[cfg(target_arch = "x86_64")]
-                    let res = if simd { unsafe { task.run_avx512() } } else { task.run() };
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let res = task.run();
-                    for t in 0..seq.num_tokens {
-                        let dst = ((seq.row + t) * q_heads + h * g) * d;
-                        out[dst..dst + g * d].copy_from_slice(&res[t * g * d..(t + 1) * g * d]);
-                    }
-                    let _ = si;
-                }
-            }
-            for seq in &seqs {
-                for t in 0..seq.num_tokens {
-                    let pos = seq.context_len + t;
-                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                    for hq in 0..q_heads {
-                        let h = hq / g;
-                        let qr = &q[((seq.row + t) * q_heads + hq) * d..][..d];
-                        let at = |buf: &[f32], p: usize| {
-                            let base = (seq.blocks[p / bs] as usize * hkv + h) * bs * d + (p % bs) * d;
-                            buf[base..base + d].to_vec()
-                        };
-                        let key = |p: usize| -> Vec<f32> {
-                            let base = (seq.blocks[p / bs] as usize * hkv + h) * bs * d + p % bs;
-                            (0..d).map(|dd| k[base + dd * bs]).collect()
-                        };
-                        let sc: Vec<f64> = (lo..=pos)
-                            .map(|p| {
-                                key(p).iter().zip(qr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
-                            })
-                            .collect();
-                        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        let w: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
-                        let z: f64 = w.iter().sum();
-                        for dd in 0..d {
-                            let want: f64 =
-                                (lo..=pos).zip(&w).map(|(p, wi)| wi * at(&v, p)[dd] as f64).sum::<f64>() / z;
-                            let got = out[((seq.row + t) * q_heads + hq) * d + dd] as f64;
-                            assert!((got - want).abs() < 1e-4, "d={d} bs={bs} {window:?} simd={simd}: {got} vs {want}");
-                        }
-                    }
-                }
-            }
-            match &first {
-                None => first = Some(out),
-                Some(f) => assert!(f == &out, "d={d} bs={bs} {window:?}: AVX-512 differs from the portable path"),
-            }
-        }
-    }
-
-    #[test]
-    fn exp_is_accurate_on_the_softmax_range() {
-        let mut worst = 0f64;
-        for i in 0..=200_000 {
-            let x = -(i as f32) * 87.0 / 200_000.0;
-            let want = (x as f64).exp();
-            let got = exp(x) as f64;
-            if want > 1e-30 {
-                worst = worst.max(((got - want) / want).abs());
-            }
-        }
-        assert!(worst < 3e-7, "max relative error {worst}");
-        assert_eq!(exp(0.0), 1.0);
-        assert_eq!(exp(f32::NEG_INFINITY), exp(-87.0));
-        assert!(exp(-100.0) < 1e-37);
-    }
-}
+mod tests;

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod huge_buf;
+pub mod kv_quant;
 pub mod matmul_f32;
 pub mod matmul_q8;
 pub mod pool;
