@@ -101,7 +101,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         }
         let mut ec = EngineConfig {
             block_size: a.block_size,
-            kv_cache_dtype: a.kv.kv_cache_dtype,
+            kv_cache_dtype: a.kv.get(),
             max_num_seqs: 1,
             max_num_batched_tokens: budget,
             max_model_len: Some(tokens),
@@ -117,7 +117,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     let mut warm = core_for(0, 4096)?;
     run_request(&mut warm, prompt(16), 2)?;
     drop(warm);
-    let kv = a.kv.kv_cache_dtype.map_or("auto".to_string(), |d| d.to_string());
+    let kv = a.kv.get().map_or("auto".to_string(), |d| d.to_string());
     let name = format!("{} ({:?}, KV {kv})", lm.source, lm.model.dtype());
     println!("| model | test | t/s |\n| --- | --- | ---: |");
     let mut results = Vec::new();

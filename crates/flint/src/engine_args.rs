@@ -33,7 +33,7 @@ impl EngineArgs {
     pub fn config(&self) -> EngineConfig {
         EngineConfig {
             block_size: self.block_size,
-            kv_cache_dtype: self.kv.kv_cache_dtype,
+            kv_cache_dtype: self.kv.get(),
             kv_cache_memory: self.kv_cache_memory,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
@@ -49,15 +49,26 @@ pub struct KvDtypeArg {
     /// How the KV cache stores keys and values: auto (= f32), f32, bf16 (half the bytes) or int8
     /// (about a quarter: keys per channel, values per token, the block being filled at f32).
     #[arg(long = "kv-cache-dtype", default_value = "auto", value_parser = parse_kv_dtype)]
-    pub kv_cache_dtype: Option<KvCacheDtype>,
+    kv_cache_dtype: KvChoice,
 }
 
-/// `auto` → `None`; f32, bf16, int8; vLLM's fp8 names get an error that lists what flint takes.
-pub fn parse_kv_dtype(s: &str) -> std::result::Result<Option<KvCacheDtype>, String> {
-    if s.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
+impl KvDtypeArg {
+    /// `None` for auto.
+    pub fn get(&self) -> Option<KvCacheDtype> {
+        self.kv_cache_dtype.0
     }
-    s.parse().map(Some)
+}
+
+/// `--kv-cache-dtype`'s value: `None` is `auto`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvChoice(Option<KvCacheDtype>);
+
+/// `auto`; f32, bf16, int8; vLLM's fp8 names get an error that lists what flint takes.
+pub fn parse_kv_dtype(s: &str) -> std::result::Result<KvChoice, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(KvChoice(None));
+    }
+    s.parse().map(|d| KvChoice(Some(d)))
 }
 
 /// `4G`, `512MiB`, `1000000` → bytes (K/M/G are powers of 1024, like vLLM's `--kv-cache-memory`).
@@ -86,8 +97,8 @@ mod tests {
 
     #[test]
     fn kv_dtypes() {
-        assert_eq!(parse_kv_dtype("auto"), Ok(None));
-        assert_eq!(parse_kv_dtype("int8"), Ok(Some(KvCacheDtype::Int8)));
+        assert_eq!(parse_kv_dtype("auto").map(|c| c.0), Ok(None));
+        assert_eq!(parse_kv_dtype("int8").map(|c| c.0), Ok(Some(KvCacheDtype::Int8)));
         assert!(parse_kv_dtype("fp8").unwrap_err().contains("auto, f32, bf16, int8"));
     }
 

@@ -97,7 +97,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     // What flint's paged pool stores per token for each `--kv-cache-dtype`, and how many tokens
     // the given memory holds (full blocks; int8 adds f32 staging for blocks being filled).
     let memory = a.kv_cache_memory.unwrap_or(1 << 30);
-    let chosen = a.kv.kv_cache_dtype.unwrap_or(KvCacheDtype::F32);
+    let chosen = a.kv.get().unwrap_or(KvCacheDtype::F32);
     let f32_per_token = KvCacheDtype::F32.bytes_per_token(c, a.block_size.unwrap_or(16));
     println!("kv cache pool:   per token and tokens in {} bytes (--kv-cache-memory), * = chosen", group(memory));
     for dtype in [KvCacheDtype::F32, KvCacheDtype::Bf16, KvCacheDtype::Int8] {

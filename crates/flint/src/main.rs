@@ -198,7 +198,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         _ => None,
     };
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
-    let kv = a.kv.kv_cache_dtype.unwrap_or(flint_model::KvCacheDtype::F32);
+    let kv = a.kv.get().unwrap_or(flint_model::KvCacheDtype::F32);
     eprintln!("loaded {} ({:?} compute, {kv} KV cache)", lm.source, lm.model.dtype());
     let prompt_ids = if a.chat {
         let template = lm
@@ -221,7 +221,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let req = GenerateRequest {
         prompt_ids,
         params: RequestParams { sampling, max_tokens: a.max_tokens, ignore_eos: a.ignore_eos, ..Default::default() },
-        kv_cache_dtype: a.kv.kv_cache_dtype,
+        kv_cache_dtype: a.kv.get(),
     };
     let stdout = std::io::stdout();
     let out = generate(&lm, &req, |piece| {

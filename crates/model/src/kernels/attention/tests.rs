@@ -147,7 +147,7 @@ fn check(dt: Dtype, d: usize, bs: usize, g: usize, window: Option<usize>, ctx: u
         if crate::kernels::has_avx2() {
             paths.push(Path::Avx2);
         }
-        if crate::kernels::has_avx512() && d.is_multiple_of(16) && d <= 128 {
+        if crate::kernels::has_avx512() && x86::handles(d) {
             paths.push(Path::Avx512);
         }
     }
@@ -260,19 +260,42 @@ fn a_row_is_the_same_alone_and_in_a_prefill_chunk() {
 
 #[test]
 fn exp_is_accurate_on_the_softmax_range() {
-    let mut worst = 0f64;
-    for i in 0..=200_000 {
-        let x = -(i as f32) * 87.0 / 200_000.0;
-        let want = (x as f64).exp();
-        let got = exp(x) as f64;
-        if want > 1e-30 {
-            worst = worst.max(((got - want) / want).abs());
+    for (name, f) in [("exp", exp as fn(f32) -> f32), ("exp_fma", exp_fma)] {
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = -(i as f32) * 87.0 / 200_000.0;
+            let want = (x as f64).exp();
+            let got = f(x) as f64;
+            if want > 1e-30 {
+                worst = worst.max(((got - want) / want).abs());
+            }
+        }
+        assert!(worst < 3e-7, "{name}: max relative error {worst}");
+        assert_eq!(f(0.0), 1.0);
+        assert_eq!(f(f32::NEG_INFINITY), f(-87.0));
+        assert!(f(-100.0) < 1e-37);
+    }
+}
+
+/// The 16-lane exp is the scalar one, bit for bit, over the whole argument range.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vector_exp_matches_the_scalar_one() {
+    if !crate::kernels::has_avx512() {
+        eprintln!("no AVX-512 here: the vector exp is not run");
+        return;
+    }
+    let xs: Vec<f32> =
+        (0..160_000).map(|i| -(i as f32) * 90.0 / 160_000.0).chain([0.0, -0.0, f32::NEG_INFINITY]).collect();
+    for chunk in xs.chunks(16) {
+        let mut lanes = [0f32; 16];
+        lanes[..chunk.len()].copy_from_slice(chunk);
+        // SAFETY: AVX-512F was just detected.
+        let got = unsafe { x86::exp16_for_tests(lanes) };
+        for (g, x) in got.iter().zip(lanes) {
+            assert_eq!(g.to_bits(), exp_fma(x).to_bits(), "e^{x}");
         }
     }
-    assert!(worst < 3e-7, "max relative error {worst}");
-    assert_eq!(exp(0.0), 1.0);
-    assert_eq!(exp(f32::NEG_INFINITY), exp(-87.0));
-    assert!(exp(-100.0) < 1e-37);
 }
 
 #[test]
@@ -288,4 +311,57 @@ fn tree_sum_and_dot16_follow_their_stated_order() {
     let b = data(40, 5);
     let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
     assert!((dot16(&a, &b) as f64 - exact).abs() < 1e-5);
+}
+
+/// Timing, not a check (run by hand: `cargo test --release -p flint-model --lib attention_speed
+/// -- --ignored --nocapture`): one layer of qwen2.5-0.5b's attention (14 query heads over 2 KV
+/// heads of 64) for a decode token and a 512-token prefill chunk after `ctx` cached tokens.
+#[test]
+#[ignore]
+fn attention_speed() {
+    let (d, hkv, g) = (64, 2, 7);
+    let q_heads = hkv * g;
+    let case = std::env::var("FLINT_ATTENTION_CASE").ok();
+    for dt in [Dtype::F32, Dtype::Bf16, Dtype::Int8] {
+        let bs = if dt == Dtype::Int8 { 128 } else { 16 };
+        for ctx in [4096usize, 16384] {
+            for n in [1usize, 512] {
+                // FLINT_ATTENTION_CASE=Int8/16384/512 picks one case (for a profiler).
+                if case.as_ref().is_some_and(|c| *c != format!("{dt:?}/{ctx}/{n}")) {
+                    continue;
+                }
+                // Decode reads 24 layers' caches that no cache level holds: 24 disjoint tables.
+                let layers = if n == 1 { 24 } else { 1 };
+                let per = (ctx + n).div_ceil(bs);
+                let pool = Pool::new(d, bs, hkv, per * layers + 1);
+                let layer = pool.layer(dt);
+                let tables: Vec<Vec<u32>> =
+                    (0..layers).map(|l| (0..per as u32).map(|b| (l * per) as u32 + b).collect()).collect();
+                let exact: Vec<Vec<ExactBlock>> = tables
+                    .iter()
+                    .map(|t| if dt == Dtype::Int8 { pool.exact(t, ctx / bs, (ctx + n - 1) / bs) } else { Vec::new() })
+                    .collect();
+                let q = data(n * q_heads * d, 5);
+                let mut out = vec![0f32; n * q_heads * d];
+                let pass = |out: &mut [f32]| {
+                    for (t, e) in tables.iter().zip(&exact) {
+                        let seqs = [SeqView { row: 0, context_len: ctx, num_tokens: n, blocks: t, exact: e }];
+                        paged_attention(&q, q_heads, &seqs, &layer, None, out);
+                    }
+                };
+                pass(&mut out);
+                let reps = if n == 1 { 20 } else { 3 };
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    pass(&mut out);
+                }
+                let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                if n == 1 {
+                    eprintln!("{dt:?} ctx {ctx} decode: {ms:.2} ms per token (24 layers, caches cold)");
+                } else {
+                    eprintln!("{dt:?} ctx {ctx} prefill {n}: {ms:.1} ms per layer ({:.0} ms for 24)", ms * 24.0);
+                }
+            }
+        }
+    }
 }

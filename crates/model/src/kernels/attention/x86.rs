@@ -3,6 +3,9 @@
 //! that each key and value tile is converted and loaded once for all of them: the query heads of a
 //! KV head (grouped-query attention) and, in prefill, several tokens.
 
+// Index loops mirror the registers and lanes they stand for (and unroll into them).
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use super::{load_tile_len, Rows, SegState, Source, KEY_TILE};
@@ -12,25 +15,29 @@ use crate::kernels::kv_quant::scale;
 /// Rows whose scores are computed together (two partial sums each: 16 accumulators).
 const SCORE_ROWS: usize = 8;
 
-/// `e^x` on 16 lanes: [`super::exp`]'s operations, one for one.
+/// [`super::exp_fma`] on 16 lanes, one instruction per step.
 #[inline(always)]
-unsafe fn exp16(x: __m512) -> __m512 {
+unsafe fn exp16_fma(x: __m512) -> __m512 {
     let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_setzero_ps());
-    let magic = _mm512_set1_ps(12_582_912.0);
-    let k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)), magic), magic);
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693_145_75))),
-        _mm512_mul_ps(k, _mm512_set1_ps(1.428_606_8e-6)),
-    );
+    let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(super::LN2_LO), _mm512_fnmadd_ps(k, _mm512_set1_ps(super::LN2_HI), x));
     let c = |v: f32| _mm512_set1_ps(v);
-    let mut p = _mm512_add_ps(c(1.0 / 120.0), _mm512_mul_ps(r, c(1.0 / 720.0)));
-    p = _mm512_add_ps(c(1.0 / 24.0), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(c(1.0 / 6.0), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(c(0.5), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(c(1.0), _mm512_mul_ps(r, p));
-    let bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23);
-    _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
+    let mut p = _mm512_fmadd_ps(c(1.0 / 720.0), r, c(1.0 / 120.0));
+    for v in [1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, c(v));
+    }
+    _mm512_scalef_ps(p, k)
+}
+
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+pub(super) unsafe fn exp16_for_tests(x: [f32; 16]) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    _mm512_storeu_ps(out.as_mut_ptr(), exp16_fma(_mm512_loadu_ps(x.as_ptr())));
+    out
 }
 
 /// [`super::tree_sum`] on a vector: 8 + 8, 4 + 4, 2 + 2, 1 + 1.
@@ -50,194 +57,571 @@ fn lanes(a: usize, e: usize) -> __mmask16 {
     (((1u32 << e) - 1) & !((1u32 << a) - 1)) as __mmask16
 }
 
-/// Dispatch on the head size (16 to 128 in steps of 16).
+/// Dispatch on the head size (16, 32, 64 or 128: [`handles`]).
 ///
 /// # Safety
-/// AVX-512F and BW must be available; `rows.d` a multiple of 16, at most 128.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// AVX-512F and BW must be available; `rows.d` one of those.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
 pub(super) unsafe fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
-    match rows.d / 16 {
-        1 => seg::<1>(rows, b0, b1, st),
-        2 => seg::<2>(rows, b0, b1, st),
-        3 => seg::<3>(rows, b0, b1, st),
-        4 => seg::<4>(rows, b0, b1, st),
-        5 => seg::<5>(rows, b0, b1, st),
-        6 => seg::<6>(rows, b0, b1, st),
-        7 => seg::<7>(rows, b0, b1, st),
+    match rows.d {
+        16 => seg::<1>(rows, b0, b1, st),
+        32 => seg::<2>(rows, b0, b1, st),
+        64 => seg::<4>(rows, b0, b1, st),
         _ => seg::<8>(rows, b0, b1, st),
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw")]
+/// The head sizes this path has a body for (every Qwen2 model has 64 or 128).
+pub(super) fn handles(d: usize) -> bool {
+    matches!(d, 16 | 32 | 64 | 128)
+}
+
+/// Rows that go through a block together (their scores and weights stay in L1).
+const SET_ROWS: usize = 32;
+
+/// Per-thread scratch, allocated once: scores and weights of a row set over one block, the
+/// query sides, a converted key and value tile, a block's value scales.
+struct Scratch {
+    scores: Vec<f32>,
+    w: Vec<f32>,
+    qs: Vec<f32>,
+    kt: Box<[f32; 128 * KEY_TILE]>,
+    vt: Box<[f32; KEY_TILE * 128]>,
+    vs: Box<[f32; 1024]>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,fma")]
 unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let bs = rows.kv.block_size;
+        let scratch = scratch.get_or_insert_with(|| Scratch {
+            scores: Vec::new(),
+            w: Vec::new(),
+            qs: Vec::new(),
+            kt: Box::new([0.0; 128 * KEY_TILE]),
+            vt: Box::new([0.0; KEY_TILE * 128]),
+            vs: Box::new([0.0; 1024]),
+        });
+        // Rows of whole tiles, so a tile's 16 lanes never reach into the next row.
+        scratch.scores.resize(SET_ROWS * bs.next_multiple_of(KEY_TILE), 0.0);
+        scratch.w.resize(SET_ROWS * bs.next_multiple_of(KEY_TILE), 0.0);
+        scratch.qs.resize(SET_ROWS * NV * 16, 0.0);
+        let mut set: Vec<usize> = Vec::with_capacity(SET_ROWS);
+        for b in b0..b1 {
+            // The next block lives elsewhere in the pool (the table is indirect, so the hardware
+            // prefetcher cannot guess it): fetch it while this one is computed.
+            if b + 1 < b1 {
+                prefetch_block(rows, b + 1);
+            }
+            // Rows that read this block the same way (source and live keys) go together: all of
+            // them off the diagonal, one token's heads on it.
+            let mut key = None;
+            for r in 0..rows.rows.len() {
+                let this = rows.source(r, b).and_then(|src| {
+                    let (a, e) = rows.live(r, b * bs, bs);
+                    (a < e).then_some((src, a - b * bs, e - b * bs))
+                });
+                if (this != key || set.len() == SET_ROWS) && !set.is_empty() {
+                    if let Some(k) = key {
+                        block::<NV>(rows, b, k, &set, scratch, st);
+                    }
+                    set.clear();
+                }
+                key = this;
+                if this.is_some() {
+                    set.push(r);
+                }
+            }
+            if let (Some(k), false) = (key, set.is_empty()) {
+                block::<NV>(rows, b, k, &set, scratch, st);
+            }
+            set.clear();
+        }
+    })
+}
+
+/// One online-softmax step of rows `set` (all reading block `b` from `src`, keys `a..e` of it):
+/// scores for 8 rows at a time against each key tile, the softmax per row, then the weighted
+/// values for a few rows at a time, each value row loaded once for all of them.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block<const NV: usize>(
+    rows: &Rows,
+    b: usize,
+    (src, a, e): (Source, usize, usize),
+    set: &[usize],
+    scratch: &mut Scratch,
+    st: &mut SegState,
+) {
     let d = NV * 16;
     let bs = rows.kv.block_size;
-    let n = rows.rows.len();
-    let mut kt = [0f32; 128 * KEY_TILE];
-    let mut vt = [0f32; KEY_TILE * 128];
-    let mut qs = vec![0f32; n * d];
-    let mut qb = vec![0f32; n];
-    let mut sel: Vec<usize> = Vec::with_capacity(n);
-    let mut tile_rows: Vec<(usize, usize, usize)> = Vec::with_capacity(n);
-    let mut scores = vec![_mm512_setzero_ps(); n];
-    for b in b0..b1 {
-        for src in [Source::Store, Source::Exact] {
-            sel.clear();
-            sel.extend((0..n).filter(|&r| rows.source(r, b) == Some(src)));
-            if sel.is_empty() {
-                continue;
+    let stride = bs.next_multiple_of(KEY_TILE);
+    let Scratch { scores, w, qs, kt, vt, vs } = scratch;
+    // The query side: int8 keys fold their per-channel scale into the query and their minimum
+    // into one bias per row.
+    let mut qb = [0f32; SET_ROWS];
+    let (qbase, int8) = match (src, rows.kv.store) {
+        (Source::Store, KvStore::Int8 { k_min, k_scale, .. }) => {
+            let at = rows.store_head(b) * d;
+            let mut sc = [0f32; 128];
+            for c in 0..d {
+                sc[c] = scale(k_scale[at + c]);
             }
-            // The query side of this block: int8 keys fold their per-channel scale into the
-            // query and their minimum into one bias per row.
-            let int8 = match (src, rows.kv.store) {
-                (Source::Store, KvStore::Int8 { k_min, k_scale, .. }) => {
-                    let at = rows.store_head(b) * d;
-                    let mut sc = [0f32; 128];
-                    for c in 0..d {
-                        sc[c] = scale(k_scale[at + c]);
-                    }
-                    for &r in &sel {
-                        let q = rows.q.as_ptr().add(r * d);
-                        let mut acc = _mm512_setzero_ps();
-                        for i in 0..NV {
-                            let qv = _mm512_loadu_ps(q.add(16 * i));
-                            let mins = _mm512_cvtph_ps(_mm256_loadu_si256(k_min.as_ptr().add(at + 16 * i).cast()));
-                            _mm512_storeu_ps(
-                                qs.as_mut_ptr().add(r * d + 16 * i),
-                                _mm512_mul_ps(qv, _mm512_loadu_ps(sc.as_ptr().add(16 * i))),
-                            );
-                            acc = _mm512_fmadd_ps(qv, mins, acc);
-                        }
-                        qb[r] = tree_sum(acc);
-                    }
-                    true
+            for (i, &r) in set.iter().enumerate() {
+                let q = rows.q.as_ptr().add(r * d);
+                let mut acc = _mm512_setzero_ps();
+                for v in 0..NV {
+                    let qv = _mm512_loadu_ps(q.add(16 * v));
+                    let mins = _mm512_cvtph_ps(_mm256_loadu_si256(k_min.as_ptr().add(at + 16 * v).cast()));
+                    let scaled = _mm512_mul_ps(qv, _mm512_loadu_ps(sc.as_ptr().add(16 * v)));
+                    _mm512_storeu_ps(qs.as_mut_ptr().add(i * d + 16 * v), scaled);
+                    acc = _mm512_fmadd_ps(qv, mins, acc);
                 }
-                _ => {
-                    for &r in &sel {
-                        qs[r * d..(r + 1) * d].copy_from_slice(&rows.q[r * d..(r + 1) * d]);
-                    }
-                    false
+                qb[i] = tree_sum(acc);
+            }
+            (qs.as_ptr(), true)
+        }
+        _ => {
+            for (i, &r) in set.iter().enumerate() {
+                qs[i * d..(i + 1) * d].copy_from_slice(&rows.q[r * d..(r + 1) * d]);
+            }
+            (qs.as_ptr(), false)
+        }
+    };
+    let (j0, j1) = (a / KEY_TILE, (e - 1) / KEY_TILE + 1);
+    let tile_lanes = |j: usize| {
+        let t0 = j * KEY_TILE;
+        lanes(a.max(t0) - t0, e.min(t0 + KEY_TILE) - t0)
+    };
+    // Decode (a few rows, whole tiles): keys and values converted as they are used, no scratch.
+    let fused = set.len() <= SCORE_ROWS && bs.is_multiple_of(KEY_TILE);
+    let at = rows.store_head(b) * bs * d;
+    // Scores, `[row][position in block]`.
+    if fused {
+        let q = qbase;
+        let args = (q, &qb[..set.len()], j0, j1, int8, scores.as_mut_ptr(), stride, bs);
+        match (src, rows.kv.store) {
+            (Source::Exact, _) => scores_fused::<NV, F32s>(set.len(), args, rows.exact(b).0.as_ptr()),
+            (Source::Store, KvStore::F32 { k, .. }) => scores_fused::<NV, F32s>(set.len(), args, k.as_ptr().add(at)),
+            (Source::Store, KvStore::Bf16 { k, .. }) => scores_fused::<NV, Bf16s>(set.len(), args, k.as_ptr().add(at)),
+            (Source::Store, KvStore::Int8 { k, .. }) => scores_fused::<NV, U8s>(set.len(), args, k.as_ptr().add(at)),
+        }
+    } else {
+        for j in j0..j1 {
+            let t0 = j * KEY_TILE;
+            let len = KEY_TILE.min(bs - t0);
+            let (kp, ks) = key_tile::<NV>(rows, src, b, t0, len, kt);
+            let kmask = lanes(0, len);
+            for (g, group) in set.chunks(SCORE_ROWS).enumerate() {
+                let i0 = g * SCORE_ROWS;
+                let qb = &qb[i0..i0 + group.len()];
+                let (q, out) = (qbase.add(i0 * d), scores.as_mut_ptr().add(i0 * stride + t0));
+                let args = (q, qb, kp, ks, kmask, int8, out, stride);
+                match group.len() {
+                    1 => score_rows::<NV, 1>(args),
+                    2 => score_rows::<NV, 2>(args),
+                    3 => score_rows::<NV, 3>(args),
+                    4 => score_rows::<NV, 4>(args),
+                    5 => score_rows::<NV, 5>(args),
+                    6 => score_rows::<NV, 6>(args),
+                    7 => score_rows::<NV, 7>(args),
+                    _ => score_rows::<NV, 8>(args),
                 }
-            };
-            for t0 in (0..bs).step_by(KEY_TILE) {
-                let len = KEY_TILE.min(bs - t0);
-                let start = b * bs + t0;
-                tile_rows.clear();
-                for &r in &sel {
-                    let (a, e) = rows.live(r, start, len);
-                    if a < e {
-                        tile_rows.push((r, a - start, e - start));
-                    }
-                }
-                if tile_rows.is_empty() {
-                    continue;
-                }
-                // The tile as f32: straight from the pool or the exact block, else converted.
-                let (kp, ks, vp, vscale) = tile::<NV>(rows, src, b, t0, len, &mut kt, &mut vt);
-                let kmask: __mmask16 = lanes(0, len);
-                for group in tile_rows.chunks(SCORE_ROWS) {
-                    let mut a0 = [_mm512_setzero_ps(); SCORE_ROWS];
-                    let mut a1 = [_mm512_setzero_ps(); SCORE_ROWS];
-                    for c in (0..d).step_by(2) {
-                        let k0 = _mm512_maskz_loadu_ps(kmask, kp.add(c * ks));
-                        let k1 = _mm512_maskz_loadu_ps(kmask, kp.add((c + 1) * ks));
-                        for (i, &(r, _, _)) in group.iter().enumerate() {
-                            let q = qs.as_ptr().add(r * d + c);
-                            a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*q), k0, a0[i]);
-                            a1[i] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(1)), k1, a1[i]);
-                        }
-                    }
-                    for (i, &(r, _, _)) in group.iter().enumerate() {
-                        let s = _mm512_add_ps(a0[i], a1[i]);
-                        scores[r] = if int8 { _mm512_add_ps(s, _mm512_set1_ps(qb[r])) } else { s };
-                    }
-                }
-                for &(r, a, e) in &tile_rows {
-                    let live = lanes(a, e);
-                    let s = scores[r];
-                    let block_max = _mm512_mask_reduce_max_ps(live, s);
-                    let new_max = st.m[r].max(block_max);
-                    let correction = super::exp(st.m[r] - new_max);
-                    let p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
-                    st.l[r] = st.l[r].mul_add(correction, tree_sum(p));
-                    st.m[r] = new_max;
-                    st.touched[r] = true;
-                    let w = match &vscale {
-                        Some(vs) => _mm512_mul_ps(p, _mm512_loadu_ps(vs.as_ptr())),
-                        None => p,
-                    };
-                    let mut wl = [0f32; KEY_TILE];
-                    _mm512_storeu_ps(wl.as_mut_ptr(), w);
-                    let op = st.o.as_mut_ptr().add(r * d);
-                    let mut o = [_mm512_setzero_ps(); NV];
-                    for (i, x) in o.iter_mut().enumerate() {
-                        *x = _mm512_loadu_ps(op.add(16 * i));
-                    }
-                    if correction != 1.0 {
-                        let cv = _mm512_set1_ps(correction);
-                        for x in o.iter_mut() {
-                            *x = _mm512_mul_ps(*x, cv);
-                        }
-                    }
-                    for (t, &wt) in wl.iter().enumerate().take(e).skip(a) {
-                        let wv = _mm512_set1_ps(wt);
-                        let vrow = vp.add(t * d);
-                        for (i, x) in o.iter_mut().enumerate() {
-                            *x = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vrow.add(16 * i)), *x);
-                        }
-                    }
-                    for (i, x) in o.iter().enumerate() {
-                        _mm512_storeu_ps(op.add(16 * i), *x);
-                    }
-                }
+            }
+        }
+    }
+    // Value scales (int8), then the softmax step of each row.
+    if let (Source::Store, KvStore::Int8 { v_scale, .. }) = (src, rows.kv.store) {
+        let s0 = rows.store_head(b) * bs;
+        for t in a..e {
+            vs[t] = scale(v_scale[s0 + t]);
+        }
+    }
+    let d16 = |x: usize| x * KEY_TILE;
+    for (i, &r) in set.iter().enumerate() {
+        let srow = scores.as_ptr().add(i * stride);
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for j in j0..j1 {
+            let s = _mm512_loadu_ps(srow.add(d16(j)));
+            mx = _mm512_mask_max_ps(mx, tile_lanes(j), mx, s);
+        }
+        let block_max = _mm512_reduce_max_ps(mx);
+        let new_max = st.m[r].max(block_max);
+        let correction = super::exp_fma(st.m[r] - new_max);
+        let m = _mm512_set1_ps(new_max);
+        let mut acc = _mm512_setzero_ps();
+        let wrow = w.as_mut_ptr().add(i * stride);
+        for j in j0..j1 {
+            let s = _mm512_loadu_ps(srow.add(d16(j)));
+            let p = _mm512_maskz_mov_ps(tile_lanes(j), exp16_fma(_mm512_sub_ps(s, m)));
+            acc = _mm512_add_ps(acc, p);
+            let wv = if int8 { _mm512_mul_ps(p, _mm512_loadu_ps(vs.as_ptr().add(d16(j)))) } else { p };
+            _mm512_storeu_ps(wrow.add(d16(j)), wv);
+        }
+        st.l[r] = st.l[r].mul_add(correction, tree_sum(acc));
+        st.m[r] = new_max;
+        st.touched[r] = true;
+        if correction != 1.0 {
+            let cv = _mm512_set1_ps(correction);
+            let op = st.o.as_mut_ptr().add(r * d);
+            for v in 0..NV {
+                _mm512_storeu_ps(op.add(16 * v), _mm512_mul_ps(_mm512_loadu_ps(op.add(16 * v)), cv));
+            }
+        }
+    }
+    // Weighted values: a few rows' outputs in registers, each value row loaded once for them.
+    if fused {
+        let args = (set, &mut st.o[..], w.as_ptr(), stride, a, e);
+        match (src, rows.kv.store) {
+            (Source::Exact, _) => values_fused::<NV, F32s>(set.len(), args, rows.exact(b).1.as_ptr()),
+            (Source::Store, KvStore::F32 { v, .. }) => values_fused::<NV, F32s>(set.len(), args, v.as_ptr().add(at)),
+            (Source::Store, KvStore::Bf16 { v, .. }) => values_fused::<NV, Bf16s>(set.len(), args, v.as_ptr().add(at)),
+            (Source::Store, KvStore::Int8 { v, .. }) => values_fused::<NV, I8s>(set.len(), args, v.as_ptr().add(at)),
+        }
+        return;
+    }
+    let rp = (16 / NV).clamp(1, 8);
+    for j in j0..j1 {
+        let t0 = j * KEY_TILE;
+        let len = KEY_TILE.min(bs - t0);
+        let vp = value_tile::<NV>(rows, src, b, t0, len, vt);
+        let (ta, te) = (a.max(t0) - t0, e.min(t0 + len) - t0);
+        for (g, group) in set.chunks(rp).enumerate() {
+            let args = (group, &mut st.o[..], w.as_ptr().add(g * rp * stride + t0), stride, vp, ta, te);
+            match group.len() {
+                1 => weigh_values::<NV, 1>(args),
+                2 => weigh_values::<NV, 2>(args),
+                3 if NV <= 4 => weigh_values::<NV, 3>(args),
+                4 if NV <= 4 => weigh_values::<NV, 4>(args),
+                5 if NV <= 2 => weigh_values::<NV, 5>(args),
+                6 if NV <= 2 => weigh_values::<NV, 6>(args),
+                7 if NV <= 2 => weigh_values::<NV, 7>(args),
+                8 if NV <= 2 => weigh_values::<NV, 8>(args),
+                _ => unreachable!("value groups hold at most 16 vectors"),
             }
         }
     }
 }
 
-/// Key tile `t0..t0 + len` of block `b` as f32: (keys, their channel stride, values with rows of
-/// `d`, int8 value scales). f32 tiles are read in place; bf16 and int8 are converted into `kt`
-/// (`[d][16]`) and `vt` (`[16][d]`), int8 codes as their integer values.
+/// Ask for every cache line of block `b`'s keys, values and statistics (this task's head).
+#[inline(always)]
+unsafe fn prefetch_block(rows: &Rows, b: usize) {
+    unsafe fn lines<T>(s: &[T], start: usize, len: usize) {
+        let p = s.as_ptr().add(start).cast::<i8>();
+        for off in (0..len * std::mem::size_of::<T>()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(p.add(off));
+        }
+    }
+    let (d, bs) = (rows.d, rows.kv.block_size);
+    let (head, n) = (rows.store_head(b), rows.d * rows.kv.block_size);
+    match rows.kv.store {
+        KvStore::F32 { k, v } => (lines(k, head * n, n), lines(v, head * n, n)),
+        KvStore::Bf16 { k, v } => (lines(k, head * n, n), lines(v, head * n, n)),
+        KvStore::Int8 { k, k_min, k_scale, v, v_scale } => {
+            lines(k, head * n, n);
+            lines(v, head * n, n);
+            lines(k_min, head * d, d);
+            lines(k_scale, head * d, d);
+            (lines(v_scale, head * bs, bs), ())
+        }
+    };
+}
+
+/// How a stored element type becomes 16 f32 lanes.
+trait Lanes {
+    type T;
+    /// 16 consecutive elements at `p` as f32 (exactly).
+    unsafe fn load16(p: *const Self::T) -> __m512;
+}
+
+struct F32s;
+struct Bf16s;
+struct U8s;
+struct I8s;
+
+impl Lanes for F32s {
+    type T = f32;
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+}
+
+impl Lanes for Bf16s {
+    type T = u16;
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        widen_bf16(_mm256_loadu_si256(p.cast()))
+    }
+}
+
+impl Lanes for U8s {
+    type T = u8;
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())))
+    }
+}
+
+impl Lanes for I8s {
+    type T = i8;
+    #[inline(always)]
+    unsafe fn load16(p: *const i8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
+    }
+}
+
+/// Arguments of [`scores_fused`]: queries, int8 biases, tiles `j0..j1`, int8?, scores out, row
+/// stride, block size.
+type ScoreArgs<'a> = (*const f32, &'a [f32], usize, usize, bool, *mut f32, usize, usize);
+
+#[inline(always)]
+unsafe fn scores_fused<const NV: usize, K: Lanes>(g: usize, args: ScoreArgs, k: *const K::T) {
+    match g {
+        1 => scores_rows::<NV, 1, K>(args, k),
+        2 => scores_rows::<NV, 2, K>(args, k),
+        3 => scores_rows::<NV, 3, K>(args, k),
+        4 => scores_rows::<NV, 4, K>(args, k),
+        5 => scores_rows::<NV, 5, K>(args, k),
+        6 => scores_rows::<NV, 6, K>(args, k),
+        7 => scores_rows::<NV, 7, K>(args, k),
+        _ => scores_rows::<NV, 8, K>(args, k),
+    }
+}
+
+/// [`score_rows`] for `G` rows over whole key tiles `j0..j1` of a block whose keys (`[d][bs]`)
+/// start at `k`, each channel's 16 keys converted once for all the rows.
+#[inline(always)]
+unsafe fn scores_rows<const NV: usize, const G: usize, K: Lanes>(
+    (q, qb, j0, j1, int8, out, stride, bs): ScoreArgs,
+    k: *const K::T,
+) {
+    let d = NV * 16;
+    for j in j0..j1 {
+        let t0 = j * KEY_TILE;
+        let mut a0 = [_mm512_setzero_ps(); G];
+        let mut a1 = [_mm512_setzero_ps(); G];
+        for c in (0..d).step_by(2) {
+            let k0 = K::load16(k.add(c * bs + t0));
+            let k1 = K::load16(k.add((c + 1) * bs + t0));
+            for i in 0..G {
+                let qi = q.add(i * d + c);
+                a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*qi), k0, a0[i]);
+                a1[i] = _mm512_fmadd_ps(_mm512_set1_ps(*qi.add(1)), k1, a1[i]);
+            }
+        }
+        for i in 0..G {
+            let s = _mm512_add_ps(a0[i], a1[i]);
+            let s = if int8 { _mm512_add_ps(s, _mm512_set1_ps(qb[i])) } else { s };
+            _mm512_storeu_ps(out.add(i * stride + t0), s);
+        }
+    }
+}
+
+/// Arguments of [`values_fused`]: rows, outputs, weights, their row stride, live keys `a..e`.
+type ValueArgs<'a> = (&'a [usize], &'a mut [f32], *const f32, usize, usize, usize);
+
+#[inline(always)]
+unsafe fn values_fused<const NV: usize, V: Lanes>(g: usize, args: ValueArgs, v: *const V::T) {
+    match g {
+        1 => values_rows::<NV, 1, V>(args, v),
+        2 => values_rows::<NV, 2, V>(args, v),
+        3 => values_rows::<NV, 3, V>(args, v),
+        4 => values_rows::<NV, 4, V>(args, v),
+        5 => values_rows::<NV, 5, V>(args, v),
+        6 => values_rows::<NV, 6, V>(args, v),
+        7 => values_rows::<NV, 7, V>(args, v),
+        _ => values_rows::<NV, 8, V>(args, v),
+    }
+}
+
+/// Vectors of an output a pass of [`values_rows`] keeps for each of `g` rows: as many as fit 24
+/// registers, a divisor of the head's `nv`.
+const fn columns(nv: usize, g: usize) -> usize {
+    let mut c = nv;
+    while c > 1 && (c * g > 24 || !nv.is_multiple_of(c)) {
+        c -= 1;
+    }
+    c
+}
+
+/// `o += w·V` for `G` rows over the block's live keys `a..e` (values `[bs][d]` from `v`): the
+/// outputs in registers a few vectors at a time, each value vector converted once for all rows.
+#[inline(always)]
+unsafe fn values_rows<const NV: usize, const G: usize, V: Lanes>((set, o, w, stride, a, e): ValueArgs, v: *const V::T) {
+    let d = NV * 16;
+    let cols = columns(NV, G);
+    for c0 in (0..NV).step_by(cols) {
+        let mut acc = [[_mm512_setzero_ps(); 8]; G];
+        for (i, &r) in set.iter().enumerate().take(G) {
+            for c in 0..cols {
+                acc[i][c] = _mm512_loadu_ps(o.as_ptr().add(r * d + 16 * (c0 + c)));
+            }
+        }
+        for t in a..e {
+            let mut vv = [_mm512_setzero_ps(); 8];
+            for c in 0..cols {
+                vv[c] = V::load16(v.add(t * d + 16 * (c0 + c)));
+            }
+            for i in 0..G {
+                let wt = _mm512_set1_ps(*w.add(i * stride + t));
+                for c in 0..cols {
+                    acc[i][c] = _mm512_fmadd_ps(wt, vv[c], acc[i][c]);
+                }
+            }
+        }
+        for (i, &r) in set.iter().enumerate().take(G) {
+            for c in 0..cols {
+                _mm512_storeu_ps(o.as_mut_ptr().add(r * d + 16 * (c0 + c)), acc[i][c]);
+            }
+        }
+    }
+}
+
+/// Scores of `G` rows (queries at `q`, `d` apart; int8 biases `qb`) against one key tile
+/// (channel `c` at `kp + c·ks`, lanes `kmask` valid), stored to `out` (rows `stride` apart).
 #[allow(clippy::type_complexity)]
 #[inline(always)]
-unsafe fn tile<const NV: usize>(
+unsafe fn score_rows<const NV: usize, const G: usize>(
+    (q, qb, kp, ks, kmask, int8, out, stride): (
+        *const f32,
+        &[f32],
+        *const f32,
+        usize,
+        __mmask16,
+        bool,
+        *mut f32,
+        usize,
+    ),
+) {
+    let d = NV * 16;
+    let mut a0 = [_mm512_setzero_ps(); G];
+    let mut a1 = [_mm512_setzero_ps(); G];
+    for c in (0..d).step_by(2) {
+        let k0 = _mm512_maskz_loadu_ps(kmask, kp.add(c * ks));
+        let k1 = _mm512_maskz_loadu_ps(kmask, kp.add((c + 1) * ks));
+        for i in 0..G {
+            let qi = q.add(i * d + c);
+            a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(*qi), k0, a0[i]);
+            a1[i] = _mm512_fmadd_ps(_mm512_set1_ps(*qi.add(1)), k1, a1[i]);
+        }
+    }
+    for i in 0..G {
+        let s = _mm512_add_ps(a0[i], a1[i]);
+        let s = if int8 { _mm512_add_ps(s, _mm512_set1_ps(qb[i])) } else { s };
+        _mm512_storeu_ps(out.add(i * stride), s);
+    }
+}
+
+/// `o += w·V` for `G` rows over the tile's live tokens `ta..te`: their outputs in registers,
+/// each value row (`vp`, rows of `d`) loaded once for all of them.
+#[allow(clippy::type_complexity)]
+#[inline(always)]
+unsafe fn weigh_values<const NV: usize, const G: usize>(
+    (group, o, w, stride, vp, ta, te): (&[usize], &mut [f32], *const f32, usize, *const f32, usize, usize),
+) {
+    let d = NV * 16;
+    let mut acc = [[_mm512_setzero_ps(); NV]; G];
+    for (i, &r) in group.iter().enumerate().take(G) {
+        for v in 0..NV {
+            acc[i][v] = _mm512_loadu_ps(o.as_ptr().add(r * d + 16 * v));
+        }
+    }
+    for t in ta..te {
+        let vrow = vp.add(t * d);
+        let mut vv = [_mm512_setzero_ps(); NV];
+        for v in 0..NV {
+            vv[v] = _mm512_loadu_ps(vrow.add(16 * v));
+        }
+        for i in 0..G {
+            let wt = _mm512_set1_ps(*w.add(i * stride + t));
+            for v in 0..NV {
+                acc[i][v] = _mm512_fmadd_ps(wt, vv[v], acc[i][v]);
+            }
+        }
+    }
+    for (i, &r) in group.iter().enumerate().take(G) {
+        for v in 0..NV {
+            _mm512_storeu_ps(o.as_mut_ptr().add(r * d + 16 * v), acc[i][v]);
+        }
+    }
+}
+
+/// Keys `t0..t0 + len` of block `b` as f32 `[d][16]`: (pointer, channel stride). f32 tiles are
+/// read in place; bf16 and int8 codes are converted into `kt`.
+#[inline(always)]
+unsafe fn key_tile<const NV: usize>(
     rows: &Rows,
     src: Source,
     b: usize,
     t0: usize,
     len: usize,
     kt: &mut [f32; 128 * KEY_TILE],
-    vt: &mut [f32; KEY_TILE * 128],
-) -> (*const f32, usize, *const f32, Option<[f32; KEY_TILE]>) {
+) -> (*const f32, usize) {
     let (d, bs) = (NV * 16, rows.kv.block_size);
     let at = rows.store_head(b) * bs * d;
     match (src, rows.kv.store) {
-        (Source::Exact, _) => {
-            let (k, v) = rows.exact(b);
-            (k.as_ptr().add(t0), bs, v.as_ptr().add(t0 * d), None)
-        }
-        (Source::Store, KvStore::F32 { k, v }) => (k.as_ptr().add(at + t0), bs, v.as_ptr().add(at + t0 * d), None),
-        (Source::Store, KvStore::Bf16 { k, v }) => {
-            let widen = |x: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+        (Source::Exact, _) => (rows.exact(b).0.as_ptr().add(t0), bs),
+        (Source::Store, KvStore::F32 { k, .. }) => (k.as_ptr().add(at + t0), bs),
+        (Source::Store, KvStore::Bf16 { k, .. }) => {
             for c in 0..d {
-                let row = load_tile_len::<u16>(&k[at + c * bs + t0..], len);
-                _mm512_storeu_ps(kt.as_mut_ptr().add(c * KEY_TILE), widen(_mm256_loadu_si256(row.as_ptr().cast())));
+                let src = &k[at + c * bs + t0..];
+                let x = if len == KEY_TILE {
+                    _mm256_loadu_si256(src.as_ptr().cast())
+                } else {
+                    _mm256_loadu_si256(load_tile_len::<u16>(src, len).as_ptr().cast())
+                };
+                _mm512_storeu_ps(kt.as_mut_ptr().add(c * KEY_TILE), widen_bf16(x));
             }
+            (kt.as_ptr(), KEY_TILE)
+        }
+        (Source::Store, KvStore::Int8 { k, .. }) => {
+            for c in 0..d {
+                let src = &k[at + c * bs + t0..];
+                let x = if len == KEY_TILE {
+                    _mm_loadu_si128(src.as_ptr().cast())
+                } else {
+                    _mm_loadu_si128(load_tile_len::<u8>(src, len).as_ptr().cast())
+                };
+                _mm512_storeu_ps(kt.as_mut_ptr().add(c * KEY_TILE), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(x)));
+            }
+            (kt.as_ptr(), KEY_TILE)
+        }
+    }
+}
+
+/// Values `t0..t0 + len` of block `b` as f32 rows of `d`: in place for f32, else converted into
+/// `vt` (int8 codes as their integer values; the scales go into the weights).
+#[inline(always)]
+unsafe fn value_tile<const NV: usize>(
+    rows: &Rows,
+    src: Source,
+    b: usize,
+    t0: usize,
+    len: usize,
+    vt: &mut [f32; KEY_TILE * 128],
+) -> *const f32 {
+    let (d, bs) = (NV * 16, rows.kv.block_size);
+    let at = rows.store_head(b) * bs * d;
+    match (src, rows.kv.store) {
+        (Source::Exact, _) => rows.exact(b).1.as_ptr().add(t0 * d),
+        (Source::Store, KvStore::F32 { v, .. }) => v.as_ptr().add(at + t0 * d),
+        (Source::Store, KvStore::Bf16 { v, .. }) => {
             for t in 0..len {
                 let row = v.as_ptr().add(at + (t0 + t) * d);
                 for i in 0..NV {
                     let x = _mm256_loadu_si256(row.add(16 * i).cast());
-                    _mm512_storeu_ps(vt.as_mut_ptr().add(t * d + 16 * i), widen(x));
+                    _mm512_storeu_ps(vt.as_mut_ptr().add(t * d + 16 * i), widen_bf16(x));
                 }
             }
-            (kt.as_ptr(), KEY_TILE, vt.as_ptr(), None)
+            vt.as_ptr()
         }
-        (Source::Store, KvStore::Int8 { k, v, v_scale, .. }) => {
-            for c in 0..d {
-                let row = load_tile_len::<u8>(&k[at + c * bs + t0..], len);
-                let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.as_ptr().cast()));
-                _mm512_storeu_ps(kt.as_mut_ptr().add(c * KEY_TILE), _mm512_cvtepi32_ps(x));
-            }
+        (Source::Store, KvStore::Int8 { v, .. }) => {
             for t in 0..len {
                 let row = v.as_ptr().add(at + (t0 + t) * d);
                 for i in 0..NV {
@@ -245,12 +629,13 @@ unsafe fn tile<const NV: usize>(
                     _mm512_storeu_ps(vt.as_mut_ptr().add(t * d + 16 * i), _mm512_cvtepi32_ps(x));
                 }
             }
-            let mut vs = [0f32; KEY_TILE];
-            let s0 = rows.store_head(b) * bs + t0;
-            for (t, x) in vs.iter_mut().enumerate().take(len) {
-                *x = scale(v_scale[s0 + t]);
-            }
-            (kt.as_ptr(), KEY_TILE, vt.as_ptr(), Some(vs))
+            vt.as_ptr()
         }
     }
+}
+
+/// 16 bf16 values as f32 (exact).
+#[inline(always)]
+unsafe fn widen_bf16(x: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16))
 }
