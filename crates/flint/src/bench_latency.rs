@@ -115,7 +115,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     };
     // Warm-up (page in the weights, spin up the threads), as llama-bench does.
     let mut warm = core_for(0, 4096)?;
-    run_request(&mut warm, prompt(16), 2)?;
+    run_request(&mut warm, prompt(a.prompt_len.min(16)), 1)?;
     drop(warm);
     let kv = a.kv.get().map_or("auto".to_string(), |d| d.to_string());
     let name = format!("{} ({:?}, KV {kv})", lm.source, lm.model.dtype());

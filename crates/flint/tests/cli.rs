@@ -298,3 +298,66 @@ fn bench_throughput_and_sweep_on_the_demo_model() {
     let o = flint(&["bench", "throughput", "--input-len", "0"]);
     assert_one_line_error(&o, &["--input-len"]);
 }
+
+/// `--kv-cache-dtype` on every command that builds an engine, `flint inspect`'s capacity table,
+/// `bench latency --depth`, and vLLM's fp8 names refused with the values flint takes.
+#[test]
+fn kv_cache_dtype_flag_inspect_generate_and_bench_depth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let st = tmp.path().join("tiny");
+    let o = flint(&["synth", "--shape", "tiny", "--out", st.to_str().unwrap(), "--dtype", "f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = st.to_str().unwrap();
+    let o = flint(&["inspect", "--model", m, "--kv-cache-dtype", "int8", "--kv-cache-memory", "1G"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = |dt: &str| text.lines().find(|l| l.trim_start().trim_start_matches('*').starts_with(dt)).unwrap_or("");
+    assert!(line("int8").contains("*int8") && line("int8").contains("block  128"), "{text}");
+    assert!(line("bf16").contains("(2.00x f32)"), "{text}");
+    let ratio: f64 = line("int8").rsplit('(').next().unwrap().trim_end_matches("x f32)").parse().unwrap();
+    // The tiny shape's 16-wide heads: (2·16 + 3·16/128 + 1) bytes against 128, 3.84×; the real
+    // shapes' 64- and 128-wide heads reach 3.92× and 3.94× (`kv_dtype`'s unit test).
+    assert!(ratio >= 3.8, "int8 holds {ratio}x f32's tokens: {text}");
+
+    for kv in ["int8", "bf16", "f32", "auto"] {
+        let o = flint(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "Hello world",
+            "--max-tokens",
+            "5",
+            "--ignore-eos",
+            "--kv-cache-dtype",
+            kv,
+        ]);
+        assert!(o.status.success(), "{kv}: {}", stderr(&o));
+        assert!(stderr(&o).contains("generated 5 tokens"), "{}", stderr(&o));
+    }
+    let o = flint(&["generate", "--model", m, "--prompt", "Hi", "--kv-cache-dtype", "fp8_e4m3"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert_ne!(o.status.code(), Some(101), "a panic: {}", stderr(&o));
+    assert!(stderr(&o).contains("auto, f32, bf16, int8"), "{}", stderr(&o));
+
+    let o = flint(&[
+        "bench",
+        "latency",
+        "--model",
+        m,
+        "--kv-cache-dtype",
+        "int8",
+        "--depth",
+        "0,300",
+        "--prompt-len",
+        "16",
+        "--gen-len",
+        "4",
+        "--reps",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("pp16 @ d300") && out.contains("tg4 @ d300") && out.contains("KV int8"), "{out}");
+    assert!(stderr(&o).contains("context prefill: 300 tokens"), "{}", stderr(&o));
+}

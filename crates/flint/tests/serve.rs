@@ -448,3 +448,32 @@ async fn sigterm_finishes_in_flight_requests_then_exits() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `--kv-cache-dtype int8`: requests long enough to fill several 128-token blocks (and hit the
+/// prefix cache) are served, greedy output repeats, `/metrics` reports the cache's type, bytes per
+/// token and capacity; vLLM's fp8 is refused at start-up with the values flint takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn int8_kv_cache_serves_and_reports_itself() {
+    let s = start(&["--served-model-name", "demo", "--kv-cache-dtype", "int8", "--kv-cache-memory", "32M"], None).await;
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    let body = json!({"prompt": long, "max_tokens": 40, "ignore_eos": true, "temperature": 0});
+    let (st, a) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{a}");
+    assert!(a["usage"]["prompt_tokens"].as_u64().unwrap() > 300, "{a}");
+    assert_eq!(a["usage"]["completion_tokens"], 40);
+    let (_, b) = post(&s, "/v1/completions", body).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "greedy output changed on a prefix-cache hit");
+    assert!(b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) >= 256, "{b}");
+    let (_, m) = get(&s, "/metrics").await;
+    let info = m.lines().find(|l| l.starts_with("vllm:cache_config_info{")).unwrap_or("");
+    assert!(info.contains("cache_dtype=\"int8\"") && info.contains("block_size=\"128\""), "{info}");
+    let bytes = metric(&m, "flint:kv_cache_bytes_per_token{model_name=\"demo\"}");
+    let capacity = metric(&m, "flint:kv_cache_capacity_tokens{model_name=\"demo\"}");
+    assert!(bytes > 0.0 && capacity >= 32.0 * 1048576.0 / bytes - 128.0, "{bytes} bytes/token, {capacity} tokens");
+    drop(s);
+
+    let out = flint().args(["serve", "--port", "0", "--kv-cache-dtype", "fp8"]).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fp8") && err.contains("auto, f32, bf16, int8"), "{err}");
+}
