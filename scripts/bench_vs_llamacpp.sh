@@ -28,6 +28,9 @@ LONG_DEPTHS=${LONG_DEPTHS-"0 4096 16384 32000"}
 # llama.cpp's CPU prefill slows down so much at depth (about 15 minutes for 16k tokens on a 2-core
 # Xeon) that 32k would add hours: its depths are a separate list.
 LLAMA_LONG_DEPTHS=${LLAMA_LONG_DEPTHS-"0 4096 16384"}
+# llama.cpp's KV settings at depth, kv:flash-attention; f16 with flash attention on (its default)
+# was 5-18x slower than with it off at depth on a 2-core Xeon and adds about 35 minutes.
+LLAMA_LONG_KV=${LLAMA_LONG_KV-"q8_0:1 f16:1 f16:0"}
 LONG_TYPE=${LONG_TYPE:-q4_0}
 OUT=${OUT:-$ROOT/docs/benchmarks.md}
 mkdir -p "$WORK/models" "$WORK/raw"
@@ -112,7 +115,8 @@ if [ -n "$LONG_DEPTHS" ]; then
   lctx=$(( $(echo $LLAMA_LONG_DEPTHS | tr ' ' '\n' | sort -n | tail -1) + 600 ))
   # q8_0 needs flash attention (a quantized V cache does); f16 runs with it (the default, auto =
   # on) and without it, which is llama.cpp's faster f16 setting on the CPUs measured so far.
-  for cfg in q8_0:1 f16:1 f16:0; do
+  rm -f "$WORK"/raw/llama-long-* "$WORK"/raw/flint-long-* "$WORK"/raw/flint-inspect-long-*
+  for cfg in $LLAMA_LONG_KV; do
     kv=${cfg%:*} fa=${cfg#*:}
     name=$kv; [ "$fa" = 0 ] && name=$kv-nofa
     # pp512 after each depth (llama-bench prefills the context again for every test), tg32 at
@@ -269,6 +273,8 @@ if long_depths:
              ("bf16", "f16-nofa", "f16 KV, flash attention off")]
     for fkv, lkv, label in pairs:
         (l, _), (f, _) = llama_long(lkv), flint_long(fkv)
+        if not l:
+            continue  # that llama.cpp setting was not run (LLAMA_LONG_KV)
         kvb = kv_bytes(fkv)
         lines += [f"### flint {fkv} KV vs llama.cpp {label}", "",
                   "| depth | llama.cpp pp512 | flint pp512 | ratio | llama.cpp tg32 | flint tg32 | ratio | flint of ceiling |",

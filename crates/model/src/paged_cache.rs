@@ -72,11 +72,6 @@ pub struct PagedKvCache {
 }
 
 impl PagedKvCache {
-    /// Bytes one f32 block takes across all layers (K and V).
-    pub fn bytes_per_block(cfg: &Qwen2Config, block_size: usize) -> usize {
-        KvCacheDtype::F32.bytes_per_block(cfg, block_size)
-    }
-
     /// A zeroed pool. Zero pages are mapped lazily by the OS, so a large pool costs memory only
     /// as blocks are first written (in 2 MiB steps where it gets huge pages).
     pub fn new(cfg: &Qwen2Config, dtype: KvCacheDtype, block_size: usize, num_blocks: usize) -> Result<Self> {
