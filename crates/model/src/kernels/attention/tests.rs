@@ -2,8 +2,9 @@
 //! bit for bit, and against a plain f64 softmax over the values each dtype stores, for f32, bf16
 //! and int8 pools, scattered block tables, prefix + new tokens, windows and ragged block sizes.
 
+use super::portable::{dot16, tree_sum};
 use super::*;
-use crate::kernels::kv_quant::{dequantize_key, dequantize_value, quantize_keys, quantize_values, to_bf16};
+use crate::kernels::kv_quant::{dequantize_key, dequantize_value, from_bf16, quantize_keys, quantize_values, to_bf16};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);

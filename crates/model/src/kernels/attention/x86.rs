@@ -1,7 +1,7 @@
-//! The AVX-512 body of [`super::segment`]: [`super::Portable`]'s operations, one for one, with 16
-//! keys (scores) or 16 channels (values) per instruction, and the rows of a task taken together so
-//! that each key and value tile is converted and loaded once for all of them: the query heads of a
-//! KV head (grouped-query attention) and, in prefill, several tokens.
+//! The AVX-512 body of [`super::segment`]: [`super::portable::Portable`]'s operations, one for
+//! one, with 16 keys (scores) or 16 channels (values) per instruction, and the rows of a task
+//! taken together so that each key and value tile is converted and loaded once for all of them:
+//! the query heads of a KV head (grouped-query attention) and, in prefill, several tokens.
 
 // Index loops mirror the registers and lanes they stand for (and unroll into them).
 #![allow(clippy::needless_range_loop)]
@@ -40,7 +40,7 @@ pub(super) unsafe fn exp16_for_tests(x: [f32; 16]) -> [f32; 16] {
     out
 }
 
-/// [`super::tree_sum`] on a vector: 8 + 8, 4 + 4, 2 + 2, 1 + 1.
+/// [`super::portable::tree_sum`] on a vector: 8 + 8, 4 + 4, 2 + 2, 1 + 1.
 #[inline(always)]
 unsafe fn tree_sum(p: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(p);
