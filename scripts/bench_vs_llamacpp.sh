@@ -288,6 +288,9 @@ if long_depths:
                 share = f"{100 * ft * (wbytes + d * kvb) / 1e9 / triad:.0f}%"
             lines.append(f"| {d} | {n(lp)} | {n(fp)} | {r(fp, lp)} | {n(lt)} | {n(ft)} | {r(ft, lt)} | {share} |")
         lines.append("")
+    if not llama_long("f16")[0]:
+        lines += ["llama.cpp's f16 KV with flash attention on was not run in this run (`LLAMA_LONG_KV`): on "
+                  "this kind of machine it is the slower f16 setting at depth.", ""]
     lines += ["### A 16,384-token prompt's prefill (512-token chunks)", "", "| engine | KV | seconds | tokens/s |", "|---|---|---:|---:|"]
     for lkv in ["q8_0", "f16", "f16-nofa"]:
         pre = llama_long(lkv)[1].get(16384)
@@ -306,3 +309,5 @@ for name in sorted(os.listdir(raw)):
 open(out, "w").write("\n".join(lines) + "\n")
 print(f"wrote {out}")
 PY
+# The raw outputs name files by absolute path: keep them relative to the repository.
+sed -i "s|$ROOT/||g" "$OUT"
