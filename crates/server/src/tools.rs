@@ -47,37 +47,50 @@ fn parse_call(body: &str, id: String) -> Option<ToolCall> {
     Some(ToolCall { id, name, arguments })
 }
 
-/// Split a finished output into content (text outside the tags, `None` if blank) and tool calls.
-/// A tag whose body is not a valid call stays in the content, untouched.
+/// Split a finished output into content and tool calls, by running [`ToolStream`] over the
+/// whole text, so a stream and a whole parse cannot disagree.
+///
+/// The content follows the rule documented on [`ToolStream`]; it is `None` when calls were
+/// found and no content is left (it can then never be whitespace only), and `Some` —
+/// verbatim, possibly empty — when there are no calls.
 pub fn extract(text: &str, request_id: &str, choice: usize) -> (Option<String>, Vec<ToolCall>) {
-    let mut calls = Vec::new();
-    let mut content = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(OPEN) {
-        let after = &rest[start + OPEN.len()..];
-        let Some(end) = after.find(CLOSE) else { break };
-        match parse_call(&after[..end], call_id(request_id, choice, calls.len())) {
-            Some(c) => {
-                content.push_str(&rest[..start]);
-                calls.push(c);
-            }
-            None => content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]),
-        }
-        rest = &after[end + CLOSE.len()..];
-    }
-    content.push_str(rest);
-    let content =
-        if calls.is_empty() { Some(content) } else { Some(content.trim().to_string()).filter(|c| !c.is_empty()) };
+    let mut s = ToolStream::default();
+    let ToolDelta { mut content, calls } = s.push(text, request_id, choice);
+    content.push_str(&s.finish());
+    let content = if calls.is_empty() { Some(content) } else { Some(content).filter(|c| !c.trim().is_empty()) };
     (content, calls)
 }
 
-/// Incremental version for streams: text is released as content until a `<tool_call>` begins
-/// (a possible start of the tag is held back), and each completed call is returned whole.
+/// Incremental tool-call parser for streams; [`extract`] is this run over the whole text.
+///
+/// The rule, which depends only on what has been seen so far (a streaming client cannot
+/// un-send text):
+/// - A `<tool_call>…</tool_call>` whose body is `{"name": string, "arguments": …}` is a call
+///   and is removed from the content. Any other text — an invalid body together with its
+///   tags, an unterminated `<tool_call>` at the end — is content, verbatim.
+/// - Every maximal run of whitespace in the remaining content is kept verbatim, except a run
+///   that a call was removed from or next to (the whitespace of the template around calls)
+///   *and* that begins or ends the content: that run is dropped. So `"\n<call>\n"` around
+///   calls at either end disappears, while `"a <call> b"` keeps `"a  b"` and whitespace not
+///   touching a call (leading spaces of a plain answer) is never dropped.
+///
+/// Text is released as content as soon as it is known, except a trailing whitespace run
+/// (held until the next non-whitespace text decides it, or until [`ToolStream::finish`]) and a
+/// suffix that could still grow into `<tool_call>`. Each completed call is returned whole.
+/// The concatenation of every `push`'s content and `finish` is the same for any split of the
+/// output into pieces, and equals [`extract`]'s content (`None` read as `""`).
 #[derive(Debug, Default, Clone)]
 pub struct ToolStream {
+    /// Unprocessed text: a possible start of `<tool_call>`, or the body of an open call.
     held: String,
     in_call: bool,
     calls: usize,
+    /// The trailing whitespace run of the content so far, not yet released.
+    ws: String,
+    /// A valid call was removed inside or next to `ws`.
+    ws_has_call: bool,
+    /// Some content has been released (it then ends with non-whitespace).
+    emitted: bool,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -89,6 +102,26 @@ pub struct ToolDelta {
 impl ToolStream {
     pub fn num_calls(&self) -> usize {
         self.calls
+    }
+
+    /// Content text (outside valid calls) arrives: release it, holding its trailing whitespace.
+    fn text(&mut self, s: &str, out: &mut String) {
+        let Some(first) = s.find(|c: char| !c.is_whitespace()) else {
+            self.ws.push_str(s);
+            return;
+        };
+        // `s`'s leading whitespace continues the held run. The run is dropped only if it
+        // touches a call and begins the content.
+        self.ws.push_str(&s[..first]);
+        if self.emitted || !self.ws_has_call {
+            out.push_str(&self.ws);
+        }
+        let end = s.char_indices().rev().find(|(_, c)| !c.is_whitespace()).map_or(s.len(), |(i, c)| i + c.len_utf8());
+        out.push_str(&s[first..end]);
+        self.emitted = true;
+        self.ws.clear();
+        self.ws.push_str(&s[end..]);
+        self.ws_has_call = false;
     }
 
     pub fn push(&mut self, text: &str, request_id: &str, choice: usize) -> ToolDelta {
@@ -103,12 +136,14 @@ impl ToolStream {
                 match parse_call(&body, call_id(request_id, choice, self.calls)) {
                     Some(c) => {
                         self.calls += 1;
+                        self.ws_has_call = true;
                         out.calls.push(c);
                     }
-                    None => out.content.push_str(&format!("{OPEN}{body}{CLOSE}")),
+                    None => self.text(&format!("{OPEN}{body}{CLOSE}"), &mut out.content),
                 }
             } else if let Some(start) = self.held.find(OPEN) {
-                out.content.push_str(&self.held[..start]);
+                let before: String = self.held[..start].to_string();
+                self.text(&before, &mut out.content);
                 self.held.drain(..start + OPEN.len());
                 self.in_call = true;
             } else {
@@ -121,27 +156,27 @@ impl ToolStream {
                     })
                     .unwrap_or(0);
                 let cut = self.held.len() - keep;
-                out.content.push_str(&self.held[..cut]);
-                self.held.drain(..cut);
+                let released: String = self.held.drain(..cut).collect();
+                self.text(&released, &mut out.content);
                 break;
             }
-        }
-        // Text between calls is whitespace from the template: not worth a content delta.
-        if self.calls > 0 && out.content.trim().is_empty() {
-            out.content.clear();
         }
         out
     }
 
-    /// End of output: an unterminated call is released as plain text.
+    /// End of output: the rest of the content. An unterminated call or a partial tag is
+    /// released as plain text; held whitespace is released unless it touches a call.
     pub fn finish(&mut self) -> String {
         let rest = std::mem::take(&mut self.held);
-        if self.in_call {
-            self.in_call = false;
-            format!("{OPEN}{rest}")
-        } else {
-            rest
+        let rest = if std::mem::take(&mut self.in_call) { format!("{OPEN}{rest}") } else { rest };
+        let mut out = String::new();
+        self.text(&rest, &mut out);
+        if !self.ws_has_call {
+            out.push_str(&self.ws);
         }
+        self.ws.clear();
+        self.ws_has_call = false;
+        out
     }
 }
 
@@ -150,6 +185,85 @@ mod tests {
     use super::*;
 
     const OUT: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>";
+    const CALL: &str = "<tool_call>{\"name\":\"f\",\"arguments\":{\"x\":1}}</tool_call>";
+    const BAD: &str = "<tool_call>oops</tool_call>";
+
+    /// Outputs covering the rule's cases; `C` stands for a valid call, `B` for an invalid one.
+    fn outputs() -> Vec<String> {
+        let raw = [
+            "plain answer",
+            "  leading and trailing  \n",
+            "",
+            " \n\t",
+            "C",
+            "\nC \n C\n",
+            "Let me check.\nC\n after it.\n",
+            "Ok  tail B",
+            "Ok  tail B C",
+            "Ok  tail C B  C  ",
+            "  Ok C  ",
+            "C  Ok",
+            "a C b <tool_call>{\"name\"",
+            "a b <tool_call>",
+            "é<tool_call>{\"name\":\"é\",\"arguments\":{\"x\":\"🦀\"}}</tool_call>🦀 <tool_ca",
+            "🦀\u{3000}C\u{3000}é\u{3000}",
+            "<tool<tool_call>{\"name\":\"f\"}</tool_call>",
+            "x <tool_call> {\"name\": \"f\"} </tool_call>\t",
+            "<tool_call>a<tool_call>{\"name\":\"f\"}</tool_call> z",
+            "a</tool_call> b C",
+            "B",
+            "  B  ",
+        ];
+        raw.iter().map(|r| r.replace('C', CALL).replace('B', BAD)).chain([OUT.to_string()]).collect()
+    }
+
+    /// The rule written out directly (not incrementally), to check `extract` against.
+    fn reference(text: &str) -> (String, usize) {
+        let (mut content, mut call_at, mut rest) = (String::new(), Vec::new(), text);
+        while let Some(start) = rest.find(OPEN) {
+            let after = &rest[start + OPEN.len()..];
+            let Some(end) = after.find(CLOSE) else { break };
+            if parse_call(&after[..end], String::new()).is_some() {
+                content.push_str(&rest[..start]);
+                call_at.push(content.len());
+            } else {
+                content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]);
+            }
+            rest = &after[end + CLOSE.len()..];
+        }
+        content.push_str(rest);
+        let touches = |a: usize, b: usize| call_at.iter().any(|&p| a <= p && p <= b);
+        let first = content.find(|c: char| !c.is_whitespace()).unwrap_or(content.len());
+        let last = content.len() - content.trim_end().len();
+        let end = content.len() - last;
+        let (lo, hi) = if first == content.len() {
+            (if touches(0, first) { first } else { 0 }, content.len())
+        } else {
+            (if touches(0, first) { first } else { 0 }, if touches(end, content.len()) { end } else { content.len() })
+        };
+        (content[lo..hi].to_string(), call_at.len())
+    }
+
+    /// Stream `pieces` through a `ToolStream`: (concatenated content, calls).
+    fn stream<'a>(pieces: impl IntoIterator<Item = &'a str>) -> (String, Vec<ToolCall>) {
+        let mut s = ToolStream::default();
+        let (mut content, mut calls) = (String::new(), Vec::new());
+        for p in pieces {
+            let d = s.push(p, "chatcmpl-abc", 0);
+            content.push_str(&d.content);
+            calls.extend(d.calls);
+        }
+        content.push_str(&s.finish());
+        (content, calls)
+    }
+
+    /// Split `text` at the char indices in `cuts` (ascending).
+    fn split<'a>(text: &'a str, chars: &[usize], cuts: &[usize]) -> Vec<&'a str> {
+        let mut bounds = vec![0];
+        bounds.extend(cuts.iter().map(|&c| chars[c]));
+        bounds.push(text.len());
+        bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+    }
 
     #[test]
     fn extracts_calls_and_content() {
@@ -165,24 +279,103 @@ mod tests {
         // Not a call: left as text.
         let (content, calls) = extract("<tool_call>oops</tool_call>", "x", 0);
         assert_eq!((content.as_deref(), calls.len()), (Some("<tool_call>oops</tool_call>"), 0));
+        // Only calls (and template whitespace): no content.
+        let (content, calls) = extract(&format!("\n{CALL}\n\n{CALL}\n"), "x", 0);
+        assert_eq!((content, calls.len()), (None, 2));
+    }
+
+    #[test]
+    fn whitespace_rule_examples() {
+        let c = |t: &str| extract(&t.replace('C', CALL).replace('B', BAD), "x", 0).0;
+        // The issue: the space before an invalid tag is content, streamed or not.
+        assert_eq!(c("Ok  tail B").as_deref(), Some("Ok  tail <tool_call>oops</tool_call>"));
+        assert_eq!(c("Ok  tail B C").as_deref(), Some("Ok  tail <tool_call>oops</tool_call>"));
+        assert_eq!(c("Ok  tail C").as_deref(), Some("Ok  tail"));
+        assert_eq!(c("Ok C B C").as_deref(), Some("Ok  <tool_call>oops</tool_call>"));
+        // Whitespace touching a call is dropped only at the ends of the content.
+        assert_eq!(c("a C b").as_deref(), Some("a  b"));
+        assert_eq!(c("\n C \nb\n").as_deref(), Some("b\n"));
+        // Whitespace not touching a call is never dropped (it may already be sent).
+        assert_eq!(c("  Ok C").as_deref(), Some("  Ok"));
+        assert_eq!(c("  Ok  ").as_deref(), Some("  Ok  "));
+        assert_eq!(c("").as_deref(), Some(""));
+        assert_eq!(c(" C ").as_deref(), None);
+    }
+
+    #[test]
+    fn issue_whitespace_before_tag_is_streamed() {
+        for text in ["Ok  tail B", "Ok  tail B C", "Ok  tail C"] {
+            let text = text.replace('C', CALL).replace('B', BAD);
+            let want = extract(&text, "chatcmpl-abc", 0);
+            // Token by token, the lone space its own piece.
+            let tokens: Vec<&str> = text.split_inclusive(['<', '>', ' ']).collect();
+            let (content, calls) = stream(tokens);
+            assert_eq!((Some(content).filter(|c| !c.is_empty() || calls.is_empty()), calls), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn extract_follows_the_rule() {
+        for text in outputs() {
+            let (content, calls) = extract(&text, "x", 0);
+            let (want, n) = reference(&text);
+            assert_eq!(calls.len(), n, "{text:?}");
+            assert_eq!(content.unwrap_or_default(), want, "{text:?}");
+        }
     }
 
     #[test]
     fn streaming_matches_whole_parse_for_every_split() {
-        for step in 1..8 {
-            let mut s = ToolStream::default();
-            let (mut content, mut calls) = (String::new(), Vec::new());
-            let chars: Vec<char> = OUT.chars().collect();
-            for piece in chars.chunks(step) {
-                let d = s.push(&piece.iter().collect::<String>(), "chatcmpl-abc", 0);
-                content.push_str(&d.content);
-                assert!(!d.content.contains('<'), "a tag leaked as content: {:?}", d.content);
-                calls.extend(d.calls);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for text in outputs() {
+            let (want, want_calls) = extract(&text, "chatcmpl-abc", 0);
+            let want = want.unwrap_or_default();
+            let chars: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+            let n = chars.len();
+            let check = |cuts: &[usize]| {
+                let (content, calls) = stream(split(&text, &chars, cuts));
+                assert_eq!(content, want, "{text:?} cut at chars {cuts:?}");
+                assert_eq!(calls, want_calls, "{text:?} cut at chars {cuts:?}");
+            };
+            // Every split into pieces of 1..=8 chars, where there are few enough of them.
+            if n <= 18 {
+                for mask in 0u32..(1 << n.saturating_sub(1)) {
+                    let cuts: Vec<usize> = (1..n).filter(|&c| mask & (1 << (c - 1)) != 0).collect();
+                    let mut b = vec![0];
+                    b.extend(&cuts);
+                    b.push(n);
+                    if b.windows(2).all(|w| w[1] - w[0] <= 8) {
+                        check(&cuts);
+                    }
+                }
+                continue;
             }
-            content.push_str(&s.finish());
-            let (want_content, want_calls) = extract(OUT, "chatcmpl-abc", 0);
-            assert_eq!(calls, want_calls, "step {step}");
-            assert_eq!(content.trim(), want_content.unwrap(), "step {step}");
+            // Longer ones: fixed steps at every offset, every 1- and 2-cut split, random splits.
+            for step in 1..=8 {
+                for first in 1..=step.min(n) {
+                    check(&(first..n).step_by(step).collect::<Vec<_>>());
+                }
+            }
+            for a in 1..n {
+                for b in a..n {
+                    check(&[a, b][..if a == b { 1 } else { 2 }]);
+                }
+            }
+            for _ in 0..300 {
+                let mut cuts = Vec::new();
+                let mut at = 0;
+                loop {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    at += 1 + (rng % 8) as usize;
+                    if at >= n {
+                        break;
+                    }
+                    cuts.push(at);
+                }
+                check(&cuts);
+            }
         }
     }
 
@@ -190,10 +383,12 @@ mod tests {
     fn unterminated_call_is_released_as_text() {
         let mut s = ToolStream::default();
         let d = s.push("hi <tool_call>{\"name\"", "x", 0);
-        assert_eq!(d.content, "hi ");
-        assert_eq!(s.finish(), "<tool_call>{\"name\"");
+        // The space is held until it is known not to precede a call.
+        assert_eq!(d.content, "hi");
+        assert_eq!(s.finish(), " <tool_call>{\"name\"");
         let mut s = ToolStream::default();
-        assert_eq!(s.push("a <tool", "x", 0).content, "a ");
-        assert_eq!(s.push("box", "x", 0).content, "<toolbox");
+        assert_eq!(s.push("a <tool", "x", 0).content, "a");
+        assert_eq!(s.push("box", "x", 0).content, " <toolbox");
+        assert_eq!(s.finish(), "");
     }
 }
