@@ -35,11 +35,29 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Seconds a client has to send a request's headers (and to start the next request on a
+    /// kept-alive connection) before the connection is closed.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_secs)]
+    header_timeout: f64,
+    /// Seconds a client has to send a POST body once its headers arrived (408 otherwise).
+    #[arg(long, default_value_t = 60.0, value_parser = parse_secs)]
+    body_timeout: f64,
+    /// Connections open at once; more get a 503 and are closed.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
     #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
     dtype: String,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+/// A positive, finite number of seconds.
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -57,7 +75,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_queued_requests: a.max_queued_requests,
         max_body_bytes: a.max_request_body,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        header_timeout: Duration::from_secs_f64(a.header_timeout),
+        body_timeout: Duration::from_secs_f64(a.body_timeout),
+        max_connections: a.max_connections,
     };
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
     let dtype = match a.dtype.as_str() {
         "f32" => Some(DType::F32),
         "bf16" => Some(DType::BF16),

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, Timer};
+use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, ChatRequest};
 use crate::state::{ServingModel, SharedState};
 use crate::tools::{extract, ToolStream};
@@ -92,6 +93,7 @@ pub fn normalize_messages(messages: &[Value]) -> ApiResult<Vec<Value>> {
 
 /// Whether output should be parsed for tool calls; refuses choices flint cannot enforce.
 fn tool_mode(req: &ChatRequest) -> ApiResult<bool> {
+    crate::limits::check_tools(req.tools.as_deref().unwrap_or_default())?;
     let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
     match &req.tool_choice {
         None => Ok(has_tools),
@@ -136,7 +138,7 @@ fn render_prompt(model: &ServingModel, req: &ChatRequest) -> ApiResult<Vec<u32>>
             text.truncate(pos + last.len());
         }
     }
-    model.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", e.to_string()))
+    encode_bounded(&model.tokenizer, &text, false, model.max_model_len).map_err(|e| e.into_api("messages"))
 }
 
 async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
@@ -145,18 +147,26 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let req: ChatRequest = parse_request(body)?;
     check_model(state, req.common.model.as_deref())?;
     let parse_tools = tool_mode(&req)?;
-    // Template rendering and tokenizing can take a while on big inputs: off the async workers.
-    let (m, r) = (model.clone(), req.clone());
-    let prompt = tokio::task::spawn_blocking(move || render_prompt(&m, &r))
-        .await
-        .map_err(|_| ApiError::internal("prompt rendering panicked"))??;
+    // Everything cheap is checked before the prompt is rendered and tokenized, and the request
+    // holds its place in the admission count while that runs.
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
     params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+    req.common.max_tokens(0, model.max_model_len)?;
+    let mut guard = state.admit(&model, params.n, "n")?;
+    // Template rendering and tokenizing can take a while on big inputs: off the async workers.
+    let m = model.clone();
+    let (req, prompt) = tokio::task::spawn_blocking(move || {
+        let prompt = render_prompt(&m, &req);
+        (req, prompt)
+    })
+    .await
+    .map_err(|_| ApiError::internal("prompt rendering panicked"))?;
+    let prompt = prompt?;
     params.max_tokens = req.common.max_tokens(prompt.len(), model.max_model_len)?;
     let id = new_id("chatcmpl");
     let n = params.n;
     let prompt_len = prompt.len();
-    let (mut jobs, mut guard) = submit(state, &model, &id, vec![prompt], &params, "messages")?;
+    let mut jobs = submit(&model, &id, vec![prompt], &params, "messages", &mut guard)?;
     let mut timer = Timer::new(arrival, n);
     let created = now_unix();
     let ctx = StreamCtx {

@@ -15,6 +15,7 @@ use crate::chat::check_model;
 use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Timer};
+use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{completion_logprobs, parse_request, CompletionRequest};
 use crate::state::{ServingModel, SharedState};
 
@@ -22,10 +23,26 @@ pub async fn completions(State(state): State<SharedState>, body: Bytes) -> Respo
     respond(&state, run(&state, &body).await)
 }
 
-/// `prompt` as string, list of strings, token ids, or list of token-id lists.
-fn prompts(model: &ServingModel, prompt: Option<&Value>) -> ApiResult<Vec<Vec<u32>>> {
+/// `prompt` as given: texts still to tokenize, or token ids (already checked).
+enum Prompts {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u32>>),
+}
+
+impl Prompts {
+    fn len(&self) -> usize {
+        match self {
+            Prompts::Texts(t) => t.len(),
+            Prompts::Ids(i) => i.len(),
+        }
+    }
+}
+
+/// `prompt` as string, list of strings, token ids, or list of token-id lists: its shape and token
+/// ids checked, cheaply, before the request is admitted; texts are tokenized later.
+fn parse_prompts(prompt: Option<Value>) -> ApiResult<Prompts> {
     let bad = |m: &str| ApiError::invalid("prompt", m.to_string());
-    let encode = |s: &str| model.tokenizer.encode(s, false).map_err(|e| ApiError::invalid("prompt", e.to_string()));
+    let shape = "`prompt` must be a string, a list of strings, token ids or lists of token ids";
     let ids = |v: &[Value]| -> ApiResult<Vec<u32>> {
         v.iter()
             .map(|t| {
@@ -37,26 +54,54 @@ fn prompts(model: &ServingModel, prompt: Option<&Value>) -> ApiResult<Vec<Vec<u3
     };
     let out = match prompt {
         None => return Err(bad("`prompt` is required")),
-        Some(Value::String(s)) => vec![encode(s)?],
-        Some(Value::Array(items)) if items.is_empty() => return Err(bad("`prompt` must not be empty")),
-        Some(Value::Array(items)) => match &items[0] {
-            Value::String(_) => items
-                .iter()
-                .map(|p| p.as_str().ok_or_else(|| bad("a list of prompts must hold only strings")).and_then(encode))
-                .collect::<ApiResult<_>>()?,
-            Value::Number(_) => vec![ids(items)?],
-            Value::Array(_) => items
-                .iter()
-                .map(|p| {
-                    p.as_array().ok_or_else(|| bad("a list of token lists must hold only lists")).and_then(|a| ids(a))
-                })
-                .collect::<ApiResult<_>>()?,
-            _ => return Err(bad("`prompt` must be a string, a list of strings, token ids or lists of token ids")),
+        Some(Value::String(s)) => Prompts::Texts(vec![s]),
+        Some(Value::Array(items)) => match items.first() {
+            None => return Err(bad("`prompt` must not be empty")),
+            Some(Value::String(_)) => Prompts::Texts(
+                items
+                    .into_iter()
+                    .map(|p| match p {
+                        Value::String(s) => Ok(s),
+                        _ => Err(bad("a list of prompts must hold only strings")),
+                    })
+                    .collect::<ApiResult<_>>()?,
+            ),
+            Some(Value::Number(_)) => Prompts::Ids(vec![ids(&items)?]),
+            Some(Value::Array(_)) => Prompts::Ids(
+                items
+                    .iter()
+                    .map(|p| {
+                        p.as_array()
+                            .ok_or_else(|| bad("a list of token lists must hold only lists"))
+                            .and_then(|a| ids(a))
+                    })
+                    .collect::<ApiResult<_>>()?,
+            ),
+            Some(_) => return Err(bad(shape)),
         },
-        Some(_) => return Err(bad("`prompt` must be a string, a list of strings, token ids or lists of token ids")),
+        Some(_) => return Err(bad(shape)),
     };
-    if out.iter().any(Vec::is_empty) {
-        return Err(bad("a prompt encodes to no tokens"));
+    if let Prompts::Ids(ids) = &out {
+        if ids.iter().any(Vec::is_empty) {
+            return Err(bad("a prompt has no tokens"));
+        }
+    }
+    Ok(out)
+}
+
+/// The token ids of every prompt (texts tokenized, bounded by the context length).
+fn tokenize(model: &ServingModel, prompts: Prompts) -> ApiResult<Vec<Vec<u32>>> {
+    let texts = match prompts {
+        Prompts::Ids(ids) => return Ok(ids),
+        Prompts::Texts(t) => t,
+    };
+    let mut out = Vec::with_capacity(texts.len());
+    for t in &texts {
+        let ids = encode_bounded(&model.tokenizer, t, false, model.max_model_len).map_err(|e| e.into_api("prompt"))?;
+        if ids.is_empty() {
+            return Err(ApiError::invalid("prompt", "a prompt encodes to no tokens"));
+        }
+        out.push(ids);
     }
     Ok(out)
 }
@@ -84,22 +129,26 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let (m, p) = (model.clone(), req.prompt.clone());
-    let prompts = tokio::task::spawn_blocking(move || prompts(&m, p.as_ref()))
-        .await
-        .map_err(|_| ApiError::internal("prompt tokenization panicked"))??;
     let echo = req.echo.unwrap_or(false);
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
     params.logprobs = completion_logprobs(req.logprobs)?;
     if echo {
         params.prompt_logprobs = params.logprobs;
     }
+    req.common.max_tokens(0, model.max_model_len)?;
+    let prompts = parse_prompts(req.prompt)?;
+    // Admitted by its sequence count before any prompt is tokenized.
+    let mut guard = state.admit(&model, prompts.len().saturating_mul(params.n), "prompt")?;
+    let m = model.clone();
+    let prompts = tokio::task::spawn_blocking(move || tokenize(&m, prompts))
+        .await
+        .map_err(|_| ApiError::internal("prompt tokenization panicked"))??;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     params.max_tokens = req.common.max_tokens(longest, model.max_model_len)?;
     let id = new_id("cmpl");
     let n = params.n;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let (mut jobs, mut guard) = submit(state, &model, &id, prompts.clone(), &params, "prompt")?;
+    let mut jobs = submit(&model, &id, prompts.clone(), &params, "prompt", &mut guard)?;
     let mut timer = Timer::new(arrival, n * prompts.len());
     let created = now_unix();
     let ctx = StreamCtx {

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -27,16 +28,16 @@ pub struct Job {
     pub stream: EventStream,
 }
 
-/// Submit one engine request per prompt, after the admission limit and validation.
+/// Submit one engine request per prompt for a request already admitted as `guard`.
 pub fn submit(
-    state: &SharedState,
     model: &ServingModel,
     request_id: &str,
     prompts: Vec<Vec<u32>>,
     params: &RequestParams,
     prompt_param: &str,
-) -> ApiResult<(Vec<Job>, InFlight)> {
-    let mut guard = state.admit(model, prompts.len() * params.n)?;
+    guard: &mut InFlight,
+) -> ApiResult<Vec<Job>> {
+    guard.submitted();
     let mut jobs = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
         let req = Request { id: format!("{request_id}-{i}"), prompt: prompt.clone(), params: params.clone() };
@@ -49,7 +50,7 @@ pub fn submit(
             }
         }
     }
-    Ok((jobs, guard))
+    Ok(jobs)
 }
 
 /// Everything one choice produced.
@@ -73,7 +74,11 @@ pub async fn collect(
     timer: &mut Timer,
     guard: &mut InFlight,
 ) -> ApiResult<Vec<Choice>> {
-    let r = collect_inner(state, jobs, n, timer).await;
+    let deadline = state.deadline_passed();
+    let r = tokio::select! {
+        r = collect_inner(state, jobs, n, timer) => r,
+        _ = deadline => Err(shut_down()),
+    };
     guard.finish();
     r
 }
@@ -105,6 +110,11 @@ async fn collect_inner(state: &SharedState, jobs: &mut [Job], n: usize, timer: &
         }
     }
     Ok(choices)
+}
+
+/// What a request still running when the shutdown grace period ends is told.
+fn shut_down() -> ApiError {
+    ApiError::unavailable("The server shut down before the request finished.")
 }
 
 /// An engine event tagged with the job it came from.
@@ -172,6 +182,8 @@ struct Driver {
     fmt: Box<dyn Formatter>,
     guard: InFlight,
     timer: Timer,
+    /// Resolves when the shutdown grace period is over.
+    deadline: Pin<Box<dyn Future<Output = ()> + Send>>,
     offsets: Vec<usize>,
     finished: usize,
     total: usize,
@@ -194,12 +206,14 @@ impl Driver {
         log_request(&self.ctx.id, self.ctx.prompt_tokens, completion, cached, &self.timer, reason);
     }
 
-    fn fail(&mut self, message: String) {
-        // After the headers went out, an error is the stream's last event.
-        self.pending.push_back(ApiError::internal(message).body().to_string());
+    fn fail(&mut self, e: ApiError) {
+        // After the headers went out, an error is the stream's last event before `[DONE]`, so a
+        // client always sees how its stream ended.
+        self.pending.push_back(e.body().to_string());
+        self.pending.push_back("[DONE]".into());
         self.done = true;
         self.guard.finish();
-        self.ctx.state.metrics.failed("internal");
+        self.ctx.state.metrics.failed(e.failure_reason());
     }
 }
 
@@ -208,8 +222,20 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
     let total = jobs.len() * ctx.n;
     let offsets = jobs.iter().map(|j| j.offset).collect();
     let pending = fmt.prelude(&ctx).into_iter().map(|v| v.to_string()).collect();
-    let driver =
-        Driver { ctx, events: merged(jobs), fmt, guard, timer, offsets, finished: 0, total, pending, done: false };
+    let deadline = Box::pin(ctx.state.deadline_passed());
+    let driver = Driver {
+        ctx,
+        events: merged(jobs),
+        fmt,
+        guard,
+        timer,
+        deadline,
+        offsets,
+        finished: 0,
+        total,
+        pending,
+        done: false,
+    };
     let body = stream::unfold(driver, |mut d| async move {
         loop {
             if let Some(p) = d.pending.pop_front() {
@@ -218,7 +244,14 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
             if d.done {
                 return None;
             }
-            match d.events.next().await {
+            let event = tokio::select! {
+                ev = d.events.next() => ev,
+                _ = d.deadline.as_mut() => {
+                    d.fail(shut_down());
+                    continue;
+                }
+            };
+            match event {
                 Some((job, EngineEvent::Output(o))) => {
                     let idx = d.offsets.get(job).copied().unwrap_or(0) + o.index;
                     d.timer.on_output(&d.ctx.state.metrics, idx, &o);
@@ -232,8 +265,8 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
                         }
                     }
                 }
-                Some((_, EngineEvent::Error(e))) => d.fail(e),
-                None => d.fail("the engine stopped before the request finished".into()),
+                Some((_, EngineEvent::Error(e))) => d.fail(ApiError::internal(e)),
+                None => d.fail(ApiError::internal("the engine stopped before the request finished")),
             }
         }
     });

@@ -2,25 +2,33 @@
 //! and the tokenizer, never tensors: the binary loads the model and hands over a
 //! [`ServingModel`].
 
+pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod generation;
+pub mod json;
+pub mod limits;
 pub mod metrics;
 pub mod output;
+pub mod prompt_tokens;
 pub mod protocol;
 pub mod routes;
 pub mod state;
 pub mod tools;
+pub mod transport;
 
-use std::future::IntoFuture;
+use std::time::Duration;
 
 pub use error::ApiError;
 pub use state::{AppState, ServerConfig, ServingModel};
+use transport::TransportConfig;
 
 /// Bind, load the model in the background (`/health` answers 503 meanwhile), serve until
-/// SIGINT/SIGTERM, then stop accepting and give in-flight requests `shutdown_grace` to finish.
-/// A model that fails to load ends the server with that error.
+/// SIGINT/SIGTERM. Then new requests and `/health` get 503 while in-flight requests have
+/// `shutdown_grace` to finish; those still running at the deadline end with an error their
+/// client sees (a final SSE error event and `[DONE]`, or a 503). A model that fails to load ends
+/// the server with that error.
 pub async fn serve<F>(cfg: ServerConfig, load: F) -> Result<(), String>
 where
     F: FnOnce() -> Result<ServingModel, String> + Send + 'static,
@@ -29,6 +37,7 @@ where
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let grace = cfg.shutdown_grace;
+    let transport = TransportConfig { header_timeout: cfg.header_timeout, max_connections: cfg.max_connections };
     let state = AppState::new(cfg);
     tracing::info!("listening on http://{local} (model loading)");
 
@@ -50,19 +59,14 @@ where
         }
     });
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = routes::router(state.clone());
-    let server = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
+    let accepting = tokio::spawn(transport::accept_loop(listener, app, transport, stop_rx));
     let result = tokio::select! {
         _ = shutdown_signal() => Ok(()),
         Ok(e) = failed_rx => Err(format!("the model failed to load: {e}")),
     };
+    // From here new requests and /health get 503; the listener stays open so clients hear so.
     state.begin_shutdown();
     if result.is_ok() {
         tracing::info!(
@@ -71,9 +75,18 @@ where
             grace.as_secs()
         );
     }
-    let _ = stop_tx.send(());
-    if tokio::time::timeout(grace, server).await.is_err() {
-        tracing::warn!("grace period over with {} request(s) unfinished; exiting", state.in_flight());
+    if tokio::time::timeout(grace, state.until_idle()).await.is_err() {
+        tracing::warn!("grace period over with {} request(s) unfinished; ending them with an error", state.in_flight());
+        state.pass_deadline();
+        // Their last events are queued at once; give the connections a moment to write them.
+        let _ = tokio::time::timeout(Duration::from_secs(2), state.until_idle()).await;
+    }
+    let _ = stop_tx.send(true);
+    if let Ok(open) = accepting.await {
+        // Responses already under way finish writing; idle connections close.
+        if tokio::time::timeout(Duration::from_secs(2), open.shutdown()).await.is_err() {
+            tracing::warn!("some connections did not close in time");
+        }
     }
     if let Ok(m) = state.model_for_shutdown() {
         m.engine.shutdown();

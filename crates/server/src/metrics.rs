@@ -122,6 +122,15 @@ impl Metrics {
         });
     }
 
+    /// A request whose client went away: vLLM counts it as finished with reason `abort`; flint's
+    /// failure counter also says why.
+    pub fn aborted(&self) {
+        self.with(|m| {
+            bump(&mut m.success, "abort");
+            bump(&mut m.failure, "aborted");
+        });
+    }
+
     /// A request refused or lost: overloaded, validation, aborted (client gone), internal.
     pub fn failed(&self, reason: &'static str) {
         self.with(|m| bump(&mut m.failure, reason));

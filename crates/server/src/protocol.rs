@@ -91,10 +91,19 @@ fn path_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ApiErro
     }
 }
 
+/// The body as one strict JSON object (see [`crate::json`]): 400 for anything else.
+pub fn body_object(bytes: &[u8]) -> ApiResult<Value> {
+    let v = crate::json::parse_strict(bytes)
+        .map_err(|e| ApiError::bad_body(format!("The request body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_body("The request body must be a JSON object"));
+    }
+    Ok(v)
+}
+
 /// Parse a JSON body, naming the offending field when a value has the wrong type.
 pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(path_error)
+    serde_path_to_error::deserialize(&body_object(bytes)?).map_err(path_error)
 }
 
 /// A request type with the shared fields.
@@ -117,11 +126,7 @@ impl WithCommon for CompletionRequest {
 /// Parse a chat or completions body: its own fields and the shared ones, each from the same JSON
 /// object (serde's `flatten` would lose the name of a field with a bad value).
 pub fn parse_request<T: WithCommon>(bytes: &[u8]) -> ApiResult<T> {
-    let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_body(format!("The request body is not valid JSON: {e}")))?;
-    if !v.is_object() {
-        return Err(ApiError::bad_body("The request body must be a JSON object"));
-    }
+    let v = body_object(bytes)?;
     let mut t: T = serde_path_to_error::deserialize(&v).map_err(path_error)?;
     *t.common_mut() = serde_path_to_error::deserialize(&v).map_err(path_error)?;
     Ok(t)
@@ -173,6 +178,7 @@ impl Common {
                 return Err(ApiError::invalid("top_k", format!("`top_k` must be -1 (off) or positive, got {k}")))
             }
         };
+        crate::limits::check_logit_bias(self.logit_bias.as_ref().map_or(0, HashMap::len))?;
         let mut logit_bias = Vec::new();
         for (k, &v) in self.logit_bias.iter().flatten() {
             let id: u32 = k.parse().map_err(|_| {
@@ -198,6 +204,7 @@ impl Common {
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(v)) => v.clone(),
         };
+        crate::limits::check_stop(&stop)?;
         let stop_token_ids = self
             .stop_token_ids
             .iter()

@@ -14,11 +14,11 @@ use serde_json::{json, Value};
 use crate::chat::{chat_completions, check_model, normalize_messages};
 use crate::completions::completions;
 use crate::error::{ApiError, ApiResult};
+use crate::prompt_tokens::encode_bounded;
 use crate::protocol::parse_body;
 use crate::state::SharedState;
 
 pub fn router(state: SharedState) -> Router {
-    let limit = state.cfg.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -31,8 +31,13 @@ pub fn router(state: SharedState) -> Router {
         .route("/version", get(version))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outermost first on the way in: the API key, then the body (never read for a client
+        // without the key).
+        .layer(middleware::from_fn_with_state(state.clone(), crate::body::read_body))
+        // The body middleware already enforces the limit; the extractors must not apply their
+        // own smaller default on top.
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -45,7 +50,7 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// API key on every route but `/health`; a 413 body becomes OpenAI's envelope.
+/// API key on every route but `/health`.
 async fn guard(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.cfg.api_key {
         if req.uri().path() != "/health" {
@@ -61,12 +66,7 @@ async fn guard(State(state): State<SharedState>, req: Request, next: Next) -> Re
             }
         }
     }
-    let resp = next.run(req).await;
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        state.metrics.failed("validation");
-        return ApiError::too_large(state.cfg.max_body_bytes).into_response();
-    }
-    resp
+    next.run(req).await
 }
 
 async fn not_found(uri: Uri) -> Response {
@@ -145,11 +145,32 @@ struct TokenizeRequest {
     return_token_strs: Option<bool>,
 }
 
+/// Run request work that may take CPU time (rendering, tokenizing, detokenizing) on the blocking
+/// pool, so `/health` and streams on the async workers never wait behind it.
+async fn off_async<F>(state: &SharedState, work: F) -> Response
+where
+    F: FnOnce() -> ApiResult<Value> + Send + 'static,
+{
+    let result = match tokio::task::spawn_blocking(work).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::internal("the request's worker panicked")),
+    };
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => {
+            state.metrics.failed(e.failure_reason());
+            e.into_response()
+        }
+    }
+}
+
 async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
-    let run = || -> ApiResult<Value> {
-        let model = state.model()?;
+    let st = state.clone();
+    off_async(&state, move || {
+        let model = st.model()?;
         let req: TokenizeRequest = parse_body(&body)?;
-        check_model(&state, req.model.as_deref())?;
+        check_model(&st, req.model.as_deref())?;
+        crate::limits::check_tools(req.tools.as_deref().unwrap_or_default())?;
         let (text, rendered) = match (&req.prompt, &req.messages) {
             (Some(p), None) => (p.clone(), false),
             (None, Some(m)) => {
@@ -167,7 +188,10 @@ async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
             _ => return Err(ApiError::invalid("prompt", "send exactly one of `prompt` or `messages`")),
         };
         let add_special = req.add_special_tokens.unwrap_or(!rendered);
-        let ids = model.tokenizer.encode(&text, add_special).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        // Text the model could never take is refused as a prompt would be, without tokenizing it all.
+        let param = if rendered { "messages" } else { "prompt" };
+        let ids =
+            encode_bounded(&model.tokenizer, &text, add_special, model.max_model_len).map_err(|e| e.into_api(param))?;
         let mut out = json!({"count": ids.len(), "max_model_len": model.max_model_len, "tokens": ids});
         if rendered {
             out["prompt"] = json!(text);
@@ -177,11 +201,8 @@ async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
             out["token_strs"] = Value::Array(strs);
         }
         Ok(out)
-    };
-    match run() {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    })
+    .await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -192,10 +213,11 @@ struct DetokenizeRequest {
 }
 
 async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {
-    let run = || -> ApiResult<Value> {
-        let model = state.model()?;
+    let st = state.clone();
+    off_async(&state, move || {
+        let model = st.model()?;
         let req: DetokenizeRequest = parse_body(&body)?;
-        check_model(&state, req.model.as_deref())?;
+        check_model(&st, req.model.as_deref())?;
         let vocab = model.engine.model_info().vocab_size;
         let ids = req
             .tokens
@@ -209,11 +231,8 @@ async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {
             .collect::<ApiResult<Vec<u32>>>()?;
         let text = model.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
         Ok(json!({"prompt": text}))
-    };
-    match run() {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -34,6 +34,12 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// After SIGINT/SIGTERM, how long in-flight requests may take to finish.
     pub shutdown_grace: Duration,
+    /// A request's headers must arrive within this (also the idle limit of a kept-alive connection).
+    pub header_timeout: Duration,
+    /// A POST body must arrive within this once its headers have.
+    pub body_timeout: Duration,
+    /// Connections open at once; more get a 503 and are closed.
+    pub max_connections: usize,
 }
 
 const LOADING: u8 = 0;
@@ -48,6 +54,9 @@ pub struct AppState {
     status: AtomicU8,
     load_error: OnceLock<String>,
     in_flight: AtomicUsize,
+    /// Turns true when the shutdown grace period is over: requests still running end now, each
+    /// with an error its client can see.
+    deadline: tokio::sync::watch::Sender<bool>,
     pub started: Instant,
     pub started_unix: u64,
 }
@@ -64,6 +73,7 @@ impl AppState {
             status: AtomicU8::new(LOADING),
             load_error: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            deadline: tokio::sync::watch::Sender::new(false),
             started: Instant::now(),
             started_unix: crate::output::now_unix(),
         })
@@ -81,6 +91,21 @@ impl AppState {
 
     pub fn begin_shutdown(&self) {
         self.status.store(SHUTTING_DOWN, Ordering::SeqCst);
+    }
+
+    /// The grace period is over: running requests are to end now.
+    pub fn pass_deadline(&self) {
+        self.deadline.send_replace(true);
+    }
+
+    /// Resolves once the shutdown deadline has passed (never, while the server runs normally).
+    pub fn deadline_passed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.deadline.subscribe();
+        async move {
+            if rx.wait_for(|passed| *passed).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// The model, or why requests cannot be served now (503).
@@ -106,22 +131,40 @@ impl AppState {
         self.model.get().cloned().ok_or_else(|| ApiError::unavailable("no model"))
     }
 
-    /// Admit a request of `seqs` engine sequences (prompts × n), or 429 when running + queued
-    /// sequences would pass `max_num_seqs + max_queued_requests`. A request larger than that
-    /// limit on its own is admitted only into an empty server, so it can still run.
-    pub fn admit(self: &Arc<Self>, m: &ServingModel, seqs: usize) -> Result<InFlight, ApiError> {
+    /// Admit a request of `seqs` engine sequences (prompts × n), before any of its work is done,
+    /// or 429 when running + queued sequences would pass `max_num_seqs + max_queued_requests`.
+    /// A request larger than that limit on its own could only ever run by locking everyone else
+    /// out, so it is refused (400 naming `param`) whatever the server is doing.
+    pub fn admit(self: &Arc<Self>, m: &ServingModel, seqs: usize, param: &str) -> Result<InFlight, ApiError> {
         let running = m.engine.scheduler_config().max_num_seqs;
         let limit = running + self.cfg.max_queued_requests;
+        if seqs > limit {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "This request asks for {seqs} sequences (prompts × n); the server holds at most {limit} \
+                     (--max-num-seqs {running} + --max-queued-requests {}). Split it into smaller requests.",
+                    self.cfg.max_queued_requests
+                ),
+            ));
+        }
         let prev = self.in_flight.fetch_add(seqs, Ordering::SeqCst);
-        if prev > 0 && prev + seqs > limit {
+        if prev + seqs > limit {
             self.in_flight.fetch_sub(seqs, Ordering::SeqCst);
             return Err(ApiError::overloaded(prev.saturating_sub(running)));
         }
-        Ok(InFlight { state: self.clone(), seqs, done: false })
+        Ok(InFlight { state: self.clone(), seqs, submitted: false, done: false })
     }
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when no admitted request is left.
+    pub async fn until_idle(&self) {
+        while self.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -129,10 +172,17 @@ impl AppState {
 pub struct InFlight {
     state: SharedState,
     seqs: usize,
+    /// Its engine requests were submitted (before that, a drop is not an abort of anything).
+    submitted: bool,
     done: bool,
 }
 
 impl InFlight {
+    /// The engine has the request: from now on, a drop without `finish` is an abort.
+    pub fn submitted(&mut self) {
+        self.submitted = true;
+    }
+
     /// The request ended (answered, or failed with an error response): not an abort.
     pub fn finish(&mut self) {
         self.done = true;
@@ -142,8 +192,8 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(self.seqs, Ordering::SeqCst);
-        if !self.done {
-            self.state.metrics.failed("aborted");
+        if self.submitted && !self.done {
+            self.state.metrics.aborted();
             tracing::info!("request aborted: the client disconnected");
         }
     }
