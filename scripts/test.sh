@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: every Rust test, then the OpenAI SDK conformance run against the real
-# `flint serve` binary (installs the pinned `openai` package into a venv under target/).
+# The whole test suite: every Rust test, the OpenAI SDK conformance run against the real
+# `flint serve` binary (installs the pinned `openai` package into a venv under target/), then a
+# one-minute soak (scripts/soak.sh; longer runs by hand).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,3 +17,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-conformance.txt
 "$venv/bin/python" scripts/openai_conformance.py --flint target/debug/flint
+scripts/soak.sh target/debug/flint --duration 60
