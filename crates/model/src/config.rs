@@ -9,6 +9,7 @@ use serde_json::Value;
 use std::path::Path;
 
 use crate::error::{ModelError, Result};
+use crate::gguf_scan::{shown, shown_up_to};
 
 /// Geometry and numerics of one Qwen2-architecture model, whatever file it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,15 +115,17 @@ impl Qwen2Config {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: RawConfig =
-            serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("invalid config.json: {}", shown_up_to(&e.to_string(), 400))))?;
         let arch_ok = raw.architectures.iter().any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
             || (raw.architectures.is_empty() && raw.model_type.as_deref() == Some("qwen2"));
         if !arch_ok {
             let found = if raw.architectures.is_empty() {
-                format!("model_type {:?}", raw.model_type.unwrap_or_default())
+                format!("model_type \"{}\"", shown(&raw.model_type.unwrap_or_default()))
             } else {
-                format!("architectures {:?}", raw.architectures)
+                let names: Vec<String> =
+                    raw.architectures.iter().take(8).map(|a| format!("\"{}\"", shown(a))).collect();
+                format!("architectures [{}]", names.join(", "))
             };
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{found}; flint supports {SUPPORTED_ARCHITECTURES:?}"
@@ -130,7 +133,10 @@ impl Qwen2Config {
         }
         if let Some(act) = raw.hidden_act.as_deref() {
             if act != "silu" {
-                return Err(ModelError::Config(format!("hidden_act {act:?} is not supported (only \"silu\")")));
+                return Err(ModelError::Config(format!(
+                    "hidden_act \"{}\" is not supported (only \"silu\")",
+                    shown(act)
+                )));
             }
         }
         if raw.num_attention_heads == 0
@@ -168,7 +174,7 @@ impl Qwen2Config {
 
         let n = raw.num_hidden_layers;
         let sliding_window_layers = sliding_layers(&raw, n)?;
-        Ok(Self {
+        let cfg = Self {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -184,7 +190,48 @@ impl Qwen2Config {
             bos_token_id: raw.bos_token_id.as_ref().and_then(|v| token_ids(v).first().copied()),
             eos_token_ids: raw.eos_token_id.as_ref().map(token_ids).unwrap_or_default(),
             torch_dtype: raw.torch_dtype.or(raw.dtype),
-        })
+        };
+        cfg.check_numbers()?;
+        Ok(cfg)
+    }
+
+    /// The numbers geometry checks do not cover: RoPE and norm parameters must be finite and
+    /// positive (a NaN or zero would turn every logit into NaN rather than fail), the context
+    /// and any sliding window at least one token.
+    pub fn check_numbers(&self) -> Result<()> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::Config(format!("{name} {v} must be a finite number > 0")))
+            }
+        };
+        let finite = |name: &str, v: Option<f64>| match v {
+            Some(x) if !x.is_finite() => Err(ModelError::Config(format!("{name} {x} must be finite"))),
+            _ => Ok(()),
+        };
+        positive("rope_theta", self.rope.theta)?;
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(ModelError::Config(format!("rms_norm_eps {} must be a finite number >= 0", self.rms_norm_eps)));
+        }
+        if self.max_position_embeddings == 0 {
+            return Err(ModelError::Config("max_position_embeddings must be at least 1".into()));
+        }
+        if self.sliding_window_layers.contains(&Some(0)) {
+            return Err(ModelError::Config("sliding_window must be at least 1".into()));
+        }
+        match &self.rope.scaling {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("rope_scaling.factor", *factor),
+            RopeScaling::Yarn { factor, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, .. } => {
+                positive("rope_scaling.factor", *factor)?;
+                finite("rope_scaling.beta_fast", Some(*beta_fast))?;
+                finite("rope_scaling.beta_slow", Some(*beta_slow))?;
+                finite("rope_scaling.attention_factor", *attention_factor)?;
+                finite("rope_scaling.mscale", *mscale)?;
+                finite("rope_scaling.mscale_all_dim", *mscale_all_dim)
+            }
+        }
     }
 
     /// The longest sequence the model serves. Qwen2.5 enables 128K by adding YaRN ×4 over
@@ -215,6 +262,9 @@ fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
     let Some(window) = window else {
         return Ok(vec![None; n]);
     };
+    if window == 0 {
+        return Err(ModelError::Config("sliding_window must be at least 1 when use_sliding_window is true".into()));
+    }
     if let Some(types) = &raw.layer_types {
         if types.len() != n {
             return Err(ModelError::Config(format!(
@@ -314,12 +364,18 @@ fn parse_rope(
                 }
                 other => {
                     return Err(ModelError::Config(format!(
-                        "rope_scaling type {other:?} is not supported (supported: default, linear, yarn)"
+                        "rope_scaling type \"{}\" is not supported (supported: default, linear, yarn)",
+                        shown(other)
                     )))
                 }
             }
         }
-        Some(other) => return Err(ModelError::Config(format!("rope_scaling must be an object, got {other}"))),
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "rope_scaling must be an object, got {}",
+                shown(&other.to_string())
+            )))
+        }
     };
     Ok(RopeConfig { theta, scaling })
 }

@@ -8,6 +8,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 
 use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::gguf_scan::shown;
 
 /// (Hugging Face suffix inside `model.layers.N.`, GGUF suffix inside `blk.N.`)
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -79,6 +80,10 @@ impl Meta<'_> {
             other => value_as_u64(other).map(|x| x as f64),
         })
     }
+    /// A token id; one that does not fit u32 is dropped rather than truncated into another id.
+    pub fn token_id(&self, key: &str) -> Option<u32> {
+        self.u64(key).and_then(|x| u32::try_from(x).ok())
+    }
     pub fn need_u64(&self, key: &str) -> Result<u64> {
         self.u64(key)
             .ok_or_else(|| ModelError::Config(format!("GGUF metadata key `{key}` is missing or not an integer")))
@@ -139,9 +144,9 @@ impl GgufTokenizerMeta {
                 .unwrap_or_else(|| vec![1; tokens.len()]),
             tokens,
             merges: m.strings("tokenizer.ggml.merges").unwrap_or_default(),
-            bos_token_id: m.u64("tokenizer.ggml.bos_token_id").map(|x| x as u32),
-            eos_token_id: m.u64("tokenizer.ggml.eos_token_id").map(|x| x as u32),
-            padding_token_id: m.u64("tokenizer.ggml.padding_token_id").map(|x| x as u32),
+            bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
+            eos_token_id: m.token_id("tokenizer.ggml.eos_token_id"),
+            padding_token_id: m.token_id("tokenizer.ggml.padding_token_id"),
             chat_template: m.string("tokenizer.chat_template"),
         })
     }
@@ -153,7 +158,8 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
     let arch = m.string("general.architecture").unwrap_or_default();
     if arch != "qwen2" {
         return Err(ModelError::UnsupportedArchitecture(format!(
-            "general.architecture {arch:?}; flint supports \"qwen2\""
+            "general.architecture \"{}\"; flint supports \"qwen2\"",
+            shown(&arch)
         )));
     }
     let k = |s: &str| format!("qwen2.{s}");
@@ -190,10 +196,12 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
                 truncate: true,
             }
         }
-        Some(other) => return Err(ModelError::Config(format!("GGUF rope scaling {other:?} is not supported"))),
+        Some(other) => {
+            return Err(ModelError::Config(format!("GGUF rope scaling \"{}\" is not supported", shown(other))))
+        }
     };
     let window = m.u64(&k("attention.sliding_window")).map(|x| x as usize);
-    Ok(Qwen2Config {
+    let cfg = Qwen2Config {
         vocab_size,
         hidden_size: hidden,
         intermediate_size: intermediate,
@@ -207,10 +215,12 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
         tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
         // llama.cpp's qwen2 converter writes a window only when the model uses one.
         sliding_window_layers: vec![window; layers],
-        bos_token_id: m.u64("tokenizer.ggml.bos_token_id").map(|x| x as u32),
-        eos_token_ids: m.u64("tokenizer.ggml.eos_token_id").map(|x| vec![x as u32]).unwrap_or_default(),
+        bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
+        eos_token_ids: m.token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         torch_dtype: None,
-    })
+    };
+    cfg.check_numbers()?;
+    Ok(cfg)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod gguf_export;
+pub mod gguf_scan;
 pub mod kernels;
 pub mod kv_cache;
 pub mod kv_dtype;

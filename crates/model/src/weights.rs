@@ -254,8 +254,9 @@ pub struct GgufWeights {
 impl GgufWeights {
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).map_err(|e| ModelError::io(path, e))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| ModelError::Gguf { file: path.to_path_buf(), msg: first_line(&e.to_string()) })?;
+        // The bounded pre-scan first: candle's reader trusts some counts and sizes in the file.
+        let content = crate::gguf_scan::read_content(&mut file)
+            .map_err(|msg| ModelError::Gguf { file: path.to_path_buf(), msg })?;
         Ok(Self { path: path.to_path_buf(), content, file: std::sync::Mutex::new(file) })
     }
 
@@ -279,10 +280,15 @@ impl GgufWeights {
                 msg: first_line(&e.to_string()),
             })?
         };
+        // candle's Q4_1/Q5_0/Q5_1 dot products assert (in debug builds) an even number of blocks
+        // per row. No real checkpoint has an odd one; such a matrix is widened (exactly) instead.
+        let odd_rows = matches!(q.dtype(), GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1)
+            && !(q.shape().dims().last().copied().unwrap_or(0) / q.dtype().block_size()).is_multiple_of(2);
         Ok(match q.dtype() {
             // Widened to f32 and narrowed back: exact for values that were bf16.
             GgmlDType::BF16 if keep_bf16 => Weight::Dense(q.dequantize(device)?.to_dtype(DType::BF16)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
+            _ if odd_rows => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
             _ => Weight::Quantized(q),
         })
     }
@@ -312,6 +318,9 @@ fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\'])
 }
 
+/// The safetensors crate's own limit on the JSON header.
+const MAX_SAFETENSORS_HEADER: usize = 100_000_000;
+
 /// Turn the safetensors crate's terse header error into one that names the first tensor whose
 /// bytes are missing when the file was cut short, the usual failure (an interrupted download).
 fn explain_bad_header(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError) -> ModelError {
@@ -320,6 +329,13 @@ fn explain_bad_header(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError
     else {
         return ModelError::Safetensors { file: path.to_path_buf(), msg: format!("only {} bytes long", bytes.len()) };
     };
+    // The safetensors crate refuses headers over 100 MB; so does this (it would parse them).
+    if n > MAX_SAFETENSORS_HEADER {
+        return ModelError::Safetensors {
+            file: path.to_path_buf(),
+            msg: format!("header declares {n} bytes (limit {MAX_SAFETENSORS_HEADER})"),
+        };
+    }
     let Some(header) = bytes.get(8..8usize.saturating_add(n)) else {
         return ModelError::Safetensors {
             file: path.to_path_buf(),
