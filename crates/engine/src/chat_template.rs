@@ -30,12 +30,33 @@ use minijinja::{Environment, Error, ErrorKind};
 
 mod pycompat;
 
-use pycompat::{py_str, strftime_now, tojson};
+use pycompat::{py_str, py_str_checked, strftime_now, tojson};
 
 /// Name of the main template inside the environment.
 const DEFAULT_NAME: &str = "default";
 /// Name of the optional tool-use template (HF's named-template form).
 const TOOL_USE_NAME: &str = "tool_use";
+
+/// Fuel (minijinja's unit of work: about one instruction, or 64 bytes of data made) every
+/// render gets. Each message, each JSON value and each byte of text in the input adds to it
+/// ([`FUEL_PER_MESSAGE`], [`FUEL_PER_VALUE`], one per byte), up to [`MAX_FUEL`]. It bounds both
+/// the time and the memory one render can take, whatever the template or the messages: Qwen's
+/// template spends about 150 per message and a tenth per byte of text (20,000 short turns take
+/// under 3M); a template that loops over `range(100000)` twice runs out.
+pub const BASE_FUEL: u64 = 1_000_000;
+/// See [`BASE_FUEL`].
+pub const FUEL_PER_MESSAGE: u64 = 400;
+/// See [`BASE_FUEL`].
+pub const FUEL_PER_VALUE: u64 = 16;
+/// The most fuel any render gets (a second or two of work).
+pub const MAX_FUEL: u64 = 16_000_000;
+/// Stack given to the render thread per unit of fuel. A template can build a value nested as
+/// deep as its fuel allows (about 9 fuel a level), and dropping that value recurses (about 100
+/// bytes of stack a level); 32 bytes per fuel is three times that. Only touched pages cost memory.
+const STACK_BYTES_PER_FUEL: u64 = 32;
+/// The deepest nesting of arrays and objects accepted in messages, tools and extra variables
+/// (serde_json's parser stops at 128); values the template prints are held to the same depth.
+pub const MAX_VALUE_DEPTH: usize = 128;
 
 /// Variables the renderer sets itself; extras may not override them, just as Python's
 /// `render(messages=..., **kwargs)` would reject a duplicate keyword.
@@ -88,6 +109,10 @@ pub enum ChatTemplateError {
     /// An extra variable collides with one the renderer sets itself.
     #[error("extra template variable \"{0}\" is reserved (set it through the dedicated argument)")]
     ReservedVariable(String),
+    /// Rendering needed more work or memory than its budget (see [`BASE_FUEL`]), or the input
+    /// nests deeper than [`MAX_VALUE_DEPTH`].
+    #[error("chat template rendering exceeded its budget: {0}")]
+    Budget(String),
 }
 
 /// Marker attached to the minijinja error produced by `raise_exception`, so that `render`
@@ -216,6 +241,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ChatTemplateError> {
+        let mut conv = Converter::default();
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         // transformers passes `documents=None` explicitly.
         ctx.insert("documents".into(), Value::from(()));
@@ -229,15 +255,38 @@ impl ChatTemplate {
             if RESERVED_VARIABLES.contains(&key.as_str()) {
                 return Err(ChatTemplateError::ReservedVariable(key.clone()));
             }
-            ctx.insert(key.clone(), json_to_value(value));
+            ctx.insert(key.clone(), conv.value(value, 0)?);
         }
-        ctx.insert("messages".into(), Value::from(messages.iter().map(json_to_value).collect::<Vec<_>>()));
-        ctx.insert("tools".into(), tools.map_or_else(|| Value::from(()), json_to_value));
+        let message_values = messages.iter().map(|m| conv.value(m, 1)).collect::<Result<Vec<_>, _>>()?;
+        ctx.insert("messages".into(), Value::from(message_values));
+        let tools_value = match tools {
+            Some(t) => conv.value(t, 0)?,
+            None => Value::from(()),
+        };
+        ctx.insert("tools".into(), tools_value);
         ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
 
+        // The budget grows with the input, so long conversations render and nothing runs away.
+        let fuel = BASE_FUEL
+            .saturating_add(FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64))
+            .saturating_add(conv.fuel)
+            .min(MAX_FUEL);
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
         let name = if tools.is_some() && self.has_tool_use { TOOL_USE_NAME } else { DEFAULT_NAME };
-        let template = self.env.get_template(name).map_err(ChatTemplateError::Render)?;
-        template.render(Value::from(ctx)).map_err(classify_render_error)
+        let template = env.get_template(name).map_err(ChatTemplateError::Render)?;
+        let ctx = Value::from(ctx);
+        // On a thread of its own, with a stack sized for the deepest value the fuel can build
+        // (a tokio worker's 2 MiB would overflow, and a stack overflow aborts the process).
+        let stack = usize::try_from(fuel.saturating_mul(STACK_BYTES_PER_FUEL)).unwrap_or(usize::MAX);
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("chat-template".into())
+                .stack_size(stack)
+                .spawn_scoped(scope, || template.render(ctx).map_err(classify_render_error))
+                .map_err(|e| ChatTemplateError::Budget(format!("cannot start the render thread: {e}")))?;
+            worker.join().unwrap_or_else(|_| Err(ChatTemplateError::Budget("the render thread panicked".into())))
+        })
     }
 }
 
@@ -266,30 +315,61 @@ impl Object for JsonObject {
     }
 }
 
-/// Converts JSON (parsed with serde_json's `preserve_order`) into a template value.
-fn json_to_value(value: &serde_json::Value) -> Value {
-    match value {
-        serde_json::Value::Null => Value::from(()),
-        serde_json::Value::Bool(b) => Value::from(*b),
-        serde_json::Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                Value::from(i)
-            } else if let Some(u) = n.as_u64() {
-                Value::from(u)
-            } else {
-                Value::from(n.as_f64().unwrap_or(f64::NAN))
-            }
+/// Converts JSON (parsed with serde_json's `preserve_order`) into template values, adding up
+/// the fuel its size earns (see [`BASE_FUEL`]) and refusing nesting deeper than
+/// [`MAX_VALUE_DEPTH`].
+#[derive(Default)]
+struct Converter {
+    fuel: u64,
+}
+
+impl Converter {
+    fn value(&mut self, value: &serde_json::Value, depth: usize) -> Result<Value, ChatTemplateError> {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(ChatTemplateError::Budget(format!(
+                "messages, tools or variables nest deeper than {MAX_VALUE_DEPTH} levels"
+            )));
         }
-        serde_json::Value::String(s) => Value::from(s.as_str()),
-        serde_json::Value::Array(items) => Value::from(items.iter().map(json_to_value).collect::<Vec<_>>()),
-        serde_json::Value::Object(map) => Value::from_object(JsonObject(
-            map.iter().map(|(k, v)| (Value::from(k.as_str()), json_to_value(v))).collect(),
-        )),
+        self.fuel = self.fuel.saturating_add(FUEL_PER_VALUE);
+        Ok(match value {
+            serde_json::Value::Null => Value::from(()),
+            serde_json::Value::Bool(b) => Value::from(*b),
+            serde_json::Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    Value::from(i)
+                } else if let Some(u) = n.as_u64() {
+                    Value::from(u)
+                } else {
+                    Value::from(n.as_f64().unwrap_or(f64::NAN))
+                }
+            }
+            serde_json::Value::String(s) => {
+                self.fuel = self.fuel.saturating_add(s.len() as u64);
+                Value::from(s.as_str())
+            }
+            serde_json::Value::Array(items) => {
+                Value::from(items.iter().map(|v| self.value(v, depth + 1)).collect::<Result<Vec<_>, _>>()?)
+            }
+            serde_json::Value::Object(map) => {
+                let mut entries = Vec::with_capacity(map.len());
+                for (k, v) in map {
+                    self.fuel = self.fuel.saturating_add(k.len() as u64);
+                    entries.push((Value::from(k.as_str()), self.value(v, depth + 1)?));
+                }
+                Value::from_object(JsonObject(entries))
+            }
+        })
     }
 }
 
-/// Turns a minijinja error into `Raised` when it came from `raise_exception`.
+/// Turns a minijinja error into `Raised` when it came from `raise_exception`, and into
+/// `Budget` when the render ran out of fuel.
 fn classify_render_error(err: Error) -> ChatTemplateError {
+    if err.kind() == ErrorKind::OutOfFuel {
+        return ChatTemplateError::Budget(
+            "it needs more work or memory than the conversation justifies (a runaway loop in the template?)".into(),
+        );
+    }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&err);
     while let Some(e) = cur {
         if let Some(raised) = e.downcast_ref::<RaisedException>() {
@@ -297,7 +377,18 @@ fn classify_render_error(err: Error) -> ChatTemplateError {
         }
         cur = e.source();
     }
-    ChatTemplateError::Render(err)
+    ChatTemplateError::Render(detached(&err))
+}
+
+/// The error without the template values minijinja attaches for debugging: one may be nested
+/// deeper than the caller's stack can drop (the render thread's stack is sized for it, the
+/// caller's is not). Kind, message and location are kept.
+fn detached(err: &Error) -> Error {
+    let mut detail = err.detail().unwrap_or_default().to_string();
+    if let (Some(name), Some(line)) = (err.name(), err.line()) {
+        let _ = write!(detail, " (in {name}:{line})");
+    }
+    Error::new(err.kind(), detail)
 }
 
 /// Reads `bos_token`/`eos_token` from a tokenizer config: absent/null, a string, or an
@@ -326,10 +417,11 @@ fn new_environment() -> Result<Environment<'static>, ChatTemplateError> {
     env.set_syntax(syntax);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(|out, _state, value| {
-        out.write_str(&py_str(value)).map_err(|_| Error::new(ErrorKind::WriteFailure, "cannot write template output"))
+        out.write_str(&py_str_checked(value)?)
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "cannot write template output"))
     });
     env.add_filter("tojson", tojson);
-    env.add_filter("string", |value: &Value| Value::from(py_str(value)));
+    env.add_filter("string", |value: &Value| py_str_checked(value).map(Value::from));
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     Ok(env)

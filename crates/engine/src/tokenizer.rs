@@ -130,12 +130,26 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-/// Decompresses a gzip stream, naming the source on failure.
+/// The most a gzipped tokenizer may expand to. Real `tokenizer.json` files are 2–35 MB; a
+/// gzip stream can expand a thousandfold, so a small hostile file must not fill memory.
+pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
+
+/// Decompresses a gzip stream (at most [`MAX_TOKENIZER_JSON_BYTES`]), naming the source on failure.
 fn gunzip(bytes: &[u8], source_name: &str) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(bytes.len() * 4);
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(MAX_TOKENIZER_JSON_BYTES as usize));
     flate2::read::GzDecoder::new(bytes)
+        .take(MAX_TOKENIZER_JSON_BYTES + 1)
         .read_to_end(&mut out)
         .map_err(|source| TokenizerError::Gzip { source_name: source_name.to_string(), source })?;
+    if out.len() as u64 > MAX_TOKENIZER_JSON_BYTES {
+        return Err(TokenizerError::Gzip {
+            source_name: source_name.to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("decompresses to more than {MAX_TOKENIZER_JSON_BYTES} bytes"),
+            ),
+        });
+    }
     Ok(out)
 }
 

@@ -11,18 +11,36 @@ use minijinja::{Error, ErrorKind};
 // Python-compatible stringification
 // ---------------------------------------------------------------------------------------
 
-/// Python's `str(value)`: strings as-is, undefined as empty, everything else `repr`.
+/// Python's `str(value)`: strings as-is, undefined as empty, everything else `repr`
+/// (a value nested too deep to print shows as `[...]`).
 pub(super) fn py_str(value: &Value) -> String {
+    py_str_checked(value).unwrap_or_else(|_| "[...]".into())
+}
+
+/// [`py_str`], failing on values nested deeper than [`MAX_VALUE_DEPTH`](super::MAX_VALUE_DEPTH)
+/// (which a template can build in a loop) rather than recursing without bound.
+pub(super) fn py_str_checked(value: &Value) -> Result<String, Error> {
     match value.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::String => value.as_str().unwrap_or_default().to_string(),
-        _ => py_repr(value),
+        ValueKind::Undefined => Ok(String::new()),
+        ValueKind::String => Ok(value.as_str().unwrap_or_default().to_string()),
+        _ => py_repr_at(value, 0),
     }
+}
+
+fn too_deep() -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("value nests deeper than {} levels", super::MAX_VALUE_DEPTH))
 }
 
 /// Python's `repr(value)` for the value kinds JSON data can produce.
 pub(super) fn py_repr(value: &Value) -> String {
-    match value.kind() {
+    py_repr_at(value, 0).unwrap_or_else(|_| "[...]".into())
+}
+
+fn py_repr_at(value: &Value, depth: usize) -> Result<String, Error> {
+    if depth > super::MAX_VALUE_DEPTH {
+        return Err(too_deep());
+    }
+    Ok(match value.kind() {
         ValueKind::Undefined => String::new(),
         ValueKind::None => "None".into(),
         ValueKind::Bool => if value.is_true() { "True" } else { "False" }.into(),
@@ -41,25 +59,25 @@ pub(super) fn py_repr(value: &Value) -> String {
         ValueKind::String => py_str_repr(value.as_str().unwrap_or_default()),
         ValueKind::Seq | ValueKind::Iterable => match value.try_iter() {
             Ok(iter) => {
-                let items: Vec<String> = iter.map(|v| py_repr(&v)).collect();
+                let items = iter.map(|v| py_repr_at(&v, depth + 1)).collect::<Result<Vec<String>, Error>>()?;
                 format!("[{}]", items.join(", "))
             }
             Err(_) => value.to_string(),
         },
         ValueKind::Map => match value.try_iter() {
             Ok(keys) => {
-                let items: Vec<String> = keys
+                let items = keys
                     .map(|k| {
                         let v = value.get_item(&k).unwrap_or(Value::UNDEFINED);
-                        format!("{}: {}", py_repr(&k), py_repr(&v))
+                        Ok(format!("{}: {}", py_repr_at(&k, depth + 1)?, py_repr_at(&v, depth + 1)?))
                     })
-                    .collect();
+                    .collect::<Result<Vec<String>, Error>>()?;
                 format!("{{{}}}", items.join(", "))
             }
             Err(_) => value.to_string(),
         },
         _ => value.to_string(),
-    }
+    })
 }
 
 /// Python's string `repr`: single quotes unless the text contains `'` but no `"`;
@@ -156,6 +174,9 @@ pub(super) struct JsonOptions {
     sort_keys: bool,
 }
 
+/// The longest `tojson` indent accepted (Python has no limit; real templates use 2 or 4).
+const MAX_INDENT: usize = 64;
+
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`, i.e. `json.dumps` without HTML escaping. Arguments may be given
 /// positionally (in that order, as in Python) or by keyword, except that `sort_keys` is
@@ -172,12 +193,24 @@ pub(super) fn tojson(
         Ok(kw.or(positional).filter(|v| !v.is_none() && !v.is_undefined()))
     };
     let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
+    // Python accepts any indent; a huge one only multiplies the output, so it is capped.
+    let indent_too_long =
+        || Error::new(ErrorKind::InvalidOperation, format!("tojson indent longer than {MAX_INDENT} characters"));
     let indent = match pick(indent, "indent")? {
         None => None,
-        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or("").to_string()),
+        Some(v) if v.kind() == ValueKind::String => {
+            let s = v.as_str().unwrap_or("");
+            if s.chars().count() > MAX_INDENT {
+                return Err(indent_too_long());
+            }
+            Some(s.to_string())
+        }
         Some(v) => {
             let n = i64::try_from(v)
                 .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson indent must be an int"))?;
+            if n > MAX_INDENT as i64 {
+                return Err(indent_too_long());
+            }
             Some(" ".repeat(n.max(0) as usize))
         }
     };
@@ -231,6 +264,9 @@ pub(super) fn json_key(key: &Value) -> Result<String, Error> {
 }
 
 pub(super) fn write_json(out: &mut String, value: &Value, opts: &JsonOptions, level: usize) -> Result<(), Error> {
+    if level > super::MAX_VALUE_DEPTH {
+        return Err(too_deep());
+    }
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
