@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
@@ -102,8 +102,8 @@ pub async fn read_body(State(state): State<SharedState>, req: Request, next: Nex
     }
     match read(req, state.cfg.max_body_bytes, state.cfg.body_timeout).await {
         Ok(req) => {
-            let big = req.headers().get(header::CONTENT_LENGTH).is_none()
-                || declared_len(&req).is_some_and(|n| n >= TRIM_AFTER_BYTES as u64);
+            // The body is in memory now: its exact size, whether or not it was declared.
+            let big = req.body().size_hint().exact().is_some_and(|n| n >= TRIM_AFTER_BYTES as u64);
             let resp = next.run(req).await;
             if big {
                 tokio::task::spawn_blocking(return_memory);

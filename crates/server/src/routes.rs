@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::chat::{chat_completions, check_model, normalize_messages};
 use crate::completions::completions;
 use crate::error::{ApiError, ApiResult};
+use crate::generation::respond;
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::parse_body;
 use crate::state::SharedState;
@@ -155,13 +156,7 @@ where
         Ok(r) => r,
         Err(_) => Err(ApiError::internal("the request's worker panicked")),
     };
-    match result {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => {
-            state.metrics.failed(e.failure_reason());
-            e.into_response()
-        }
-    }
+    respond(state, result.map(|v| Json(v).into_response()))
 }
 
 async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
