@@ -5,8 +5,10 @@
 //! Layout of one block in one layer, per KV head: values `[block_size][head_dim]` and keys
 //! transposed, `[head_dim][block_size]`, so one head's keys or values in a block are contiguous
 //! and the attention kernel streams them (keys as 16-wide columns of scores, without a transpose
-//! per step). An int8 block also holds, per head, each key channel's f16 minimum and scale code
-//! and each value row's scale code: statistics live with the block, so prefix sharing, eviction
+//! per step). int8 codes are laid out for integer dot products instead ([`kv_quant::key_code_at`],
+//! [`kv_quant::value_code_at`]: four channels of 16 tokens per 64 bytes, token pairs), still one
+//! contiguous run per head and block. An int8 block also holds, per head, each key channel's f16
+//! minimum and scale code and each value row's scale code: statistics live with the block, so prefix sharing, eviction
 //! and copy-on-write move them along with the codes.
 //!
 //! **int8: the block being filled stays at f32** (KIVI's full-precision residual). Its keys and
@@ -81,6 +83,12 @@ impl PagedKvCache {
             )));
         }
         let (hkv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        if dtype == KvCacheDtype::Int8 && !kv_quant::int8_layout_fits(d, block_size) {
+            return Err(ModelError::Batch(format!(
+                "the int8 KV cache needs an even block size and a head size that is a multiple of 4 (got block \
+                 size {block_size}, head size {d}): choose another --block-size or --kv-cache-dtype"
+            )));
+        }
         let n = num_blocks * hkv * block_size * d;
         let layers = (0..cfg.num_hidden_layers)
             .map(|_| match dtype {
@@ -219,9 +227,10 @@ impl PagedKvCache {
                 for t in 0..keep {
                     for c in 0..d {
                         let i = (h * d + c) * bs + t;
-                        ks[i] = dequantize_key(k[bh * d * bs + c * bs + t], k_min[bh * d + c], k_scale[bh * d + c]);
+                        let (kc, vc) = (kv_quant::key_code_at(d, bs, c, t), kv_quant::value_code_at(d, t, c));
+                        ks[i] = dequantize_key(k[bh * d * bs + kc], k_min[bh * d + c], k_scale[bh * d + c]);
                         let j = (h * bs + t) * d + c;
-                        vs[j] = dequantize_value(v[bh * bs * d + t * d + c], v_scale[bh * bs + t]);
+                        vs[j] = dequantize_value(v[bh * bs * d + vc], v_scale[bh * bs + t]);
                     }
                 }
             }

@@ -9,8 +9,9 @@
 //! [`KEY_TILE`] positions, the block's maximum, one rescale, the weighted values; then the segments
 //! are folded in order with the log-sum-exp merge. Every operation's order is fixed (see
 //! [`Portable`]): the AVX-512 path does the same operations, only 16 keys or channels at a time, so
-//! every path gives the same bits — and a row's result depends only on its own query and the
-//! stored keys and values.
+//! every path gives the same bits. Stored int8 blocks are read in integer arithmetic ([`int8`]:
+//! quantized query and weights, exact integer sums, so any order of addition is the same). A row's
+//! result depends only on its own query and the stored keys and values.
 //!
 //! That makes the parallel split free to choose:
 //! - **Prefill**: one task per (sequence, KV head, [`QUERY_TILE`] query tokens): the rows of all
@@ -26,6 +27,7 @@
 
 use super::pool;
 
+mod int8;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -55,7 +57,8 @@ pub enum KvStore<'a> {
         v: &'a [u16],
     },
     /// Key codes (u8, per-channel f16 minimum and scale code per block and head) and value codes
-    /// (i8, a scale code per token).
+    /// (i8, a scale code per token), laid out by [`super::kv_quant::key_code_at`] and
+    /// [`super::kv_quant::value_code_at`].
     Int8 {
         k: &'a [u8],
         k_min: &'a [u16],
@@ -116,6 +119,10 @@ pub(super) enum Path {
     Avx2,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
+    /// AVX-512 with VNNI: the int8 cache's integer sums in one instruction per 64 (keys) or 32
+    /// (values) products; the same sums as [`Path::Avx512`], which builds them from `vpmaddwd`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512Vnni,
 }
 
 impl Path {
@@ -123,7 +130,7 @@ impl Path {
     pub(super) fn best(d: usize) -> Path {
         #[cfg(target_arch = "x86_64")]
         if super::has_avx512() && x86::handles(d) {
-            return Path::Avx512;
+            return if super::has_vnni() { Path::Avx512Vnni } else { Path::Avx512 };
         }
         if super::has_avx2() {
             Path::Avx2
@@ -358,7 +365,7 @@ impl Totals {
         match path {
             // SAFETY: the AVX2 and AVX-512 paths are only chosen where AVX2 and FMA exist.
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 | Path::Avx512 => unsafe { self.fold_fma(r, m, l, o) },
+            Path::Avx2 | Path::Avx512 | Path::Avx512Vnni => unsafe { self.fold_fma(r, m, l, o) },
             _ => self.fold(r, m, l, o),
         }
     }
@@ -487,7 +494,10 @@ fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, path: Path) {
         // SAFETY: `Path::best` (or a test that checked the CPU) chose the path: AVX-512F/BW are
         // there and the head size is one it handles.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { x86::segment(rows, b0, b1, st) },
+        Path::Avx512 => unsafe { x86::segment(rows, b0, b1, st, false) },
+        // SAFETY: as above, and AVX-512 VNNI is there.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => unsafe { x86::segment(rows, b0, b1, st, true) },
         // SAFETY: as above, AVX2 and FMA are there.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { Portable::segment_avx2(rows, b0, b1, st) },

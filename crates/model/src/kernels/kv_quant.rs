@@ -93,12 +93,36 @@ fn f16_at_most(x: f32) -> f16 {
     })
 }
 
-/// Quantize one (block, head) of keys, stored transposed: `k[c·bs + t]` is channel `c` of token
-/// `t`. Writes `codes` (same layout), and per channel the f16 minimum and the scale code.
+/// Whether an int8 cache can hold blocks of `block_size` tokens of heads of `head_dim`: the code
+/// layouts ([`key_code_at`], [`value_code_at`]) take channels four at a time and tokens in pairs.
+pub fn int8_layout_fits(head_dim: usize, block_size: usize) -> bool {
+    head_dim.is_multiple_of(4) && block_size.is_multiple_of(2) && block_size > 0
+}
+
+/// Where channel `c` of token `t`'s key code sits in a (block, head)'s `d·bs` codes: tiles of 16
+/// tokens (the last may be shorter, `len`), each `[d/4][len][4]`, so one 64-byte line holds four
+/// channels of a whole tile — the operand of one `vpdpbusd` per four channels of 16 scores.
+#[inline(always)]
+pub fn key_code_at(d: usize, bs: usize, c: usize, t: usize) -> usize {
+    let tile = t / 16;
+    let len = 16.min(bs - tile * 16);
+    tile * 16 * d + (c / 4) * len * 4 + (t % 16) * 4 + c % 4
+}
+
+/// Where channel `c` of token `t`'s value code sits in a (block, head)'s `bs·d` codes: token
+/// pairs, each `[d][2]`, so 32 bytes hold two tokens of 16 channels — the operand of one
+/// `vpdpwssd` (once widened) per two tokens of 16 outputs.
+#[inline(always)]
+pub fn value_code_at(d: usize, t: usize, c: usize) -> usize {
+    (t / 2) * 2 * d + c * 2 + t % 2
+}
+
+/// Quantize one (block, head) of keys, given transposed: `k[c·bs + t]` is channel `c` of token
+/// `t`. Writes `codes` (laid out by [`key_code_at`]), and per channel the f16 minimum and the
+/// scale code.
 pub fn quantize_keys(k: &[f32], bs: usize, codes: &mut [u8], mins: &mut [u16], scales: &mut [u8]) {
-    for ((row, out), (min_out, scale_out)) in
-        k.chunks_exact(bs).zip(codes.chunks_exact_mut(bs)).zip(mins.iter_mut().zip(scales.iter_mut()))
-    {
+    let d = k.len() / bs;
+    for (c, (row, (min_out, scale_out))) in k.chunks_exact(bs).zip(mins.iter_mut().zip(scales.iter_mut())).enumerate() {
         let (lo, hi) = row.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         let nan = row.iter().any(|x| x.is_nan());
         let min = if nan { f16::NAN } else { f16_at_most(lo) };
@@ -107,23 +131,24 @@ pub fn quantize_keys(k: &[f32], bs: usize, codes: &mut [u8], mins: &mut [u16], s
         let inv = 1.0 / scale(code);
         *min_out = min.to_bits();
         *scale_out = code;
-        for (o, &x) in out.iter_mut().zip(row) {
+        for (t, &x) in row.iter().enumerate() {
             // `as u8` maps NaN to 0; the NaN minimum carries the NaN instead.
-            *o = round(((x - base) * inv).clamp(0.0, 255.0)) as u8;
+            codes[key_code_at(d, bs, c, t)] = round(((x - base) * inv).clamp(0.0, 255.0)) as u8;
         }
     }
 }
 
-/// Quantize one (block, head) of values, `v[t·d + c]`: per token a scale code and `d` codes.
+/// Quantize one (block, head) of values, given as rows `v[t·d + c]`: per token a scale code and
+/// `d` codes (laid out by [`value_code_at`]).
 pub fn quantize_values(v: &[f32], d: usize, codes: &mut [i8], scales: &mut [u8]) {
-    for ((row, out), scale_out) in v.chunks_exact(d).zip(codes.chunks_exact_mut(d)).zip(scales.iter_mut()) {
+    for (t, (row, scale_out)) in v.chunks_exact(d).zip(scales.iter_mut()).enumerate() {
         let nan = row.iter().any(|x| x.is_nan());
         let amax = if nan { f32::NAN } else { row.iter().fold(0f32, |m, &x| m.max(x.abs())) };
         let code = scale_code(amax, 127.0);
         let inv = 1.0 / scale(code);
         *scale_out = code;
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o = round((x * inv).clamp(-127.0, 127.0)) as i8;
+        for (c, &x) in row.iter().enumerate() {
+            codes[value_code_at(d, t, c)] = round((x * inv).clamp(-127.0, 127.0)) as i8;
         }
     }
 }
@@ -230,7 +255,7 @@ mod tests {
             let row = &k[c * bs..(c + 1) * bs];
             let spread = row.iter().cloned().fold(f32::MIN, f32::max) - row.iter().cloned().fold(f32::MAX, f32::min);
             for t in 0..bs {
-                let got = dequantize_key(codes[c * bs + t], mins[c], scales[c]);
+                let got = dequantize_key(codes[key_code_at(d, bs, c, t)], mins[c], scales[c]);
                 // Half a step of (spread + the f16 rounding of the minimum), a step ≤ 1.0906·range/255.
                 let bound = 0.5 * 1.0906 * (spread + row[0].abs() * 1e-3) / 255.0 + 1e-6;
                 assert!((got - row[t]).abs() <= bound, "channel {c} token {t}: {got} vs {}", row[t]);
@@ -243,7 +268,7 @@ mod tests {
             let row = &v[t * d..(t + 1) * d];
             let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
             for c in 0..d {
-                let got = dequantize_value(vc[t * d + c], vs[t]);
+                let got = dequantize_value(vc[value_code_at(d, t, c)], vs[t]);
                 assert!((got - row[c]).abs() <= 0.5 * 1.0906 * amax / 127.0 + 1e-7);
             }
         }
@@ -251,21 +276,47 @@ mod tests {
 
     #[test]
     fn degenerate_inputs_stay_finite_or_nan_never_garbage() {
-        // A constant channel: zero spread, exact.
-        let (mut codes, mut mins, mut scales) = (vec![0u8; 4], vec![0u16; 1], vec![0u8; 1]);
-        quantize_keys(&[2.5; 4], 4, &mut codes, &mut mins, &mut scales);
-        assert!((dequantize_key(codes[0], mins[0], scales[0]) - 2.5).abs() < 1e-6);
-        // NaN in a channel: that channel reads back NaN.
-        quantize_keys(&[1.0, f32::NAN, 2.0, 3.0], 4, &mut codes, &mut mins, &mut scales);
-        assert!(dequantize_key(codes[2], mins[0], scales[0]).is_nan());
-        let (mut vc, mut vs) = (vec![0i8; 4], vec![0u8; 1]);
-        quantize_values(&[0.0; 4], 4, &mut vc, &mut vs);
-        assert_eq!(dequantize_value(vc[0], vs[0]), 0.0);
-        quantize_values(&[1.0, f32::NAN, 0.0, 0.0], 4, &mut vc, &mut vs);
-        assert!(dequantize_value(vc[0], vs[0]).is_nan());
+        // Constant channels (4 channels × 4 tokens): zero spread, exact.
+        let (mut codes, mut mins, mut scales) = (vec![0u8; 16], vec![0u16; 4], vec![0u8; 4]);
+        quantize_keys(&[2.5; 16], 4, &mut codes, &mut mins, &mut scales);
+        assert!((dequantize_key(codes[key_code_at(4, 4, 0, 1)], mins[0], scales[0]) - 2.5).abs() < 1e-6);
+        // NaN in a channel: that channel reads back NaN, the others do not.
+        let mut k = [1.0f32; 16];
+        k[..4].copy_from_slice(&[1.0, f32::NAN, 2.0, 3.0]);
+        quantize_keys(&k, 4, &mut codes, &mut mins, &mut scales);
+        assert!(dequantize_key(codes[key_code_at(4, 4, 0, 2)], mins[0], scales[0]).is_nan());
+        assert_eq!(dequantize_key(codes[key_code_at(4, 4, 1, 2)], mins[1], scales[1]), 1.0);
+        // Values: two tokens of 4 channels.
+        let (mut vc, mut vs) = (vec![0i8; 8], vec![0u8; 2]);
+        quantize_values(&[0.0; 8], 4, &mut vc, &mut vs);
+        assert_eq!(dequantize_value(vc[value_code_at(4, 0, 0)], vs[0]), 0.0);
+        quantize_values(&[1.0, f32::NAN, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], 4, &mut vc, &mut vs);
+        assert!(dequantize_value(vc[value_code_at(4, 0, 0)], vs[0]).is_nan());
+        assert!((dequantize_value(vc[value_code_at(4, 1, 0)], vs[1]) - 1.0).abs() < 1e-2);
         // Huge values saturate rather than wrap.
-        quantize_values(&[1e9, -1e9, 0.0, 0.0], 4, &mut vc, &mut vs);
-        assert_eq!((vc[0], vc[1]), (127, -127));
+        quantize_values(&[1e9, -1e9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 4, &mut vc, &mut vs);
+        assert_eq!((vc[value_code_at(4, 0, 0)], vc[value_code_at(4, 0, 1)]), (127, -127));
+    }
+
+    /// The layouts are permutations of a (block, head)'s codes, ragged last key tile included.
+    #[test]
+    fn code_layouts_are_permutations() {
+        for (d, bs) in [(64, 128), (48, 24), (16, 8), (128, 16), (4, 2)] {
+            let mut seen = vec![false; d * bs];
+            for c in 0..d {
+                for t in 0..bs {
+                    let i = key_code_at(d, bs, c, t);
+                    assert!(!std::mem::replace(&mut seen[i], true), "key {d}/{bs}: ({c}, {t}) collides");
+                }
+            }
+            let mut seen = vec![false; d * bs];
+            for c in 0..d {
+                for t in 0..bs {
+                    assert!(!std::mem::replace(&mut seen[value_code_at(d, t, c)], true));
+                }
+            }
+        }
+        assert!(int8_layout_fits(64, 128) && !int8_layout_fits(62, 128) && !int8_layout_fits(64, 15));
     }
 
     #[test]

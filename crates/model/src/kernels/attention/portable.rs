@@ -4,7 +4,7 @@
 //! for AVX2 and FMA where the CPU has them. The exponentials and the lane-sum order that every
 //! path shares live here too.
 
-use super::{KvStore, Rows, SegState, Source, KEY_TILE};
+use super::{int8, KvStore, Rows, SegState, Source, KEY_TILE};
 use crate::kernels::kv_quant::{from_bf16, scale};
 
 /// The reference: each row on its own, in the order every path follows. Also the path for CPUs
@@ -24,9 +24,9 @@ impl Portable {
         let (d, bs) = (rows.d, rows.kv.block_size);
         let mut kt = vec![0f32; d * KEY_TILE];
         let mut vt = vec![0f32; KEY_TILE * d];
-        let mut qs = vec![0f32; d];
         let (mut scores, mut w, mut vs) = (vec![0f32; bs], vec![0f32; bs], vec![1f32; bs]);
         let mut values = vec![0f32; bs * d];
+        let (mut q8, mut w16) = (vec![0i8; d], vec![0i16; bs]);
         for r in 0..rows.rows.len() {
             for b in b0..b1 {
                 let Some(src) = rows.source(r, b) else { continue };
@@ -36,42 +36,51 @@ impl Portable {
                 }
                 let (a, e) = (a - b * bs, e - b * bs);
                 let q = &rows.q[r * d..][..d];
-                // Int8 keys: scores are Σ (q·scale)·code + Σ q·min, the scale folded into the query.
-                let qb = match (src, rows.kv.store) {
-                    (Source::Store, KvStore::Int8 { k_min, k_scale, .. }) => {
-                        let at = rows.store_head(b) * d;
-                        let mins: Vec<f32> =
-                            k_min[at..at + d].iter().map(|&m| half::f16::from_bits(m).to_f32()).collect();
-                        for (c, x) in qs.iter_mut().enumerate() {
-                            *x = q[c] * scale(k_scale[at + c]);
+                let tiles = a / KEY_TILE..(e - 1) / KEY_TILE + 1;
+                match (src, rows.kv.store) {
+                    // Int8 keys and values: integer sums over the codes (see `int8`).
+                    (Source::Store, KvStore::Int8 { k, k_min, k_scale, v, v_scale }) => {
+                        let head = rows.store_head(b);
+                        let side = int8::quantize_query(q, &k_min[head * d..][..d], &k_scale[head * d..][..d], &mut q8);
+                        let codes = &k[head * d * bs..][..d * bs];
+                        let (t0, t1) = (tiles.start * KEY_TILE, (tiles.end * KEY_TILE).min(bs));
+                        for (t, s) in scores.iter_mut().enumerate().take(t1).skip(t0) {
+                            *s = int8::score(&q8, codes, bs, t, side);
                         }
-                        Some(dot16(q, &mins))
+                        for (t, x) in vs.iter_mut().enumerate().take(e).skip(a) {
+                            *x = scale(v_scale[head * bs + t]);
+                        }
+                        Self::softmax(&scores, Some(&vs), &mut w, tiles, a, e, bs, d, r, st);
+                        let step = int8::quantize_weights(&w, a, e, &mut w16);
+                        let o = &mut st.o[r * d..][..d];
+                        int8::weigh_values(&w16, a, e, &v[head * bs * d..][..bs * d], step, o);
                     }
                     _ => {
-                        qs.copy_from_slice(q);
-                        None
+                        for j in tiles.clone() {
+                            let t0 = j * KEY_TILE;
+                            let len = KEY_TILE.min(bs - t0);
+                            load_tile(rows, src, b, t0, len, &mut kt, &mut vt);
+                            let s = Self::scores(q, &kt, d);
+                            scores[t0..t0 + len].copy_from_slice(&s[..len]);
+                            values[t0 * d..(t0 + len) * d].copy_from_slice(&vt[..len * d]);
+                        }
+                        Self::softmax(&scores, None, &mut w, tiles, a, e, bs, d, r, st);
+                        let o = &mut st.o[r * d..][..d];
+                        for t in a..e {
+                            for (x, &v) in o.iter_mut().zip(&values[t * d..][..d]) {
+                                *x = w[t].mul_add(v, *x);
+                            }
+                        }
                     }
-                };
-                let tiles = a / KEY_TILE..(e - 1) / KEY_TILE + 1;
-                for j in tiles.clone() {
-                    let t0 = j * KEY_TILE;
-                    let len = KEY_TILE.min(bs - t0);
-                    let vscale = load_tile(rows, src, b, t0, len, &mut kt, &mut vt);
-                    let s = Self::scores(&qs, qb, &kt, d);
-                    scores[t0..t0 + len].copy_from_slice(&s[..len]);
-                    values[t0 * d..(t0 + len) * d].copy_from_slice(&vt[..len * d]);
-                    vs[t0..t0 + len].copy_from_slice(&vscale.map_or([1.0; KEY_TILE], |v| v)[..len]);
                 }
-                let int8 = qb.is_some();
-                Self::step(&scores, &values, int8.then_some(&vs[..]), &mut w, tiles, a, e, bs, d, r, st);
             }
         }
     }
 
     /// The 16 scores of one key tile: channel c goes to partial sum c mod 2, each a chain of
-    /// fused multiply-adds; then the two added (and the int8 bias).
+    /// fused multiply-adds; then the two added.
     #[inline(always)]
-    fn scores(qs: &[f32], qb: Option<f32>, kt: &[f32], d: usize) -> [f32; KEY_TILE] {
+    fn scores(qs: &[f32], kt: &[f32], d: usize) -> [f32; KEY_TILE] {
         let (mut a0, mut a1) = ([0f32; KEY_TILE], [0f32; KEY_TILE]);
         for c in 0..d {
             let acc = if c % 2 == 0 { &mut a0 } else { &mut a1 };
@@ -83,21 +92,19 @@ impl Portable {
         let mut s = [0f32; KEY_TILE];
         for t in 0..KEY_TILE {
             s[t] = a0[t] + a1[t];
-            if let Some(qb) = qb {
-                s[t] += qb;
-            }
         }
         s
     }
 
     /// One row's online-softmax step over the live keys `a..e` of one block (positions within
     /// it; `tiles` the key tiles they span): the block's maximum, one rescale of what came before,
-    /// the probabilities summed lane-wise over the tiles then as [`tree_sum`], the weighted values.
+    /// the probabilities summed lane-wise over the tiles then as [`tree_sum`]. Leaves the weights
+    /// (probabilities, times each value's scale for int8) in `w` for the caller to weigh the
+    /// values with.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn step(
+    fn softmax(
         scores: &[f32],
-        values: &[f32],
         vscale: Option<&[f32]>,
         w: &mut [f32],
         tiles: std::ops::Range<usize>,
@@ -132,16 +139,12 @@ impl Portable {
         if correction != 1.0 {
             o.iter_mut().for_each(|x| *x *= correction);
         }
-        for t in a..e {
-            for (x, &v) in o.iter_mut().zip(&values[t * d..][..d]) {
-                *x = w[t].mul_add(v, *x);
-            }
-        }
     }
 }
 
-/// Key tile `t0..t0 + len` of block `b` as f32 (`kt`: `[d][16]`, `vt`: `[16][d]`; lanes past `len`
-/// are zero) — int8 codes as their integer values — and, for int8 values, each token's scale.
+/// Key tile `t0..t0 + len` of block `b` of an f32 or bf16 store, or of an exact block, as f32
+/// (`kt`: `[d][16]`, `vt`: `[16][d]`; lanes past `len` are zero). Int8 blocks are read as codes
+/// (see [`super::int8`]).
 pub(in crate::kernels) fn load_tile(
     rows: &Rows,
     src: Source,
@@ -150,7 +153,7 @@ pub(in crate::kernels) fn load_tile(
     len: usize,
     kt: &mut [f32],
     vt: &mut [f32],
-) -> Option<[f32; KEY_TILE]> {
+) {
     let (d, bs) = (rows.d, rows.kv.block_size);
     kt.fill(0.0);
     vt.fill(0.0);
@@ -171,24 +174,11 @@ pub(in crate::kernels) fn load_tile(
         (Source::Exact, _) => {
             let (k, v) = rows.exact(b);
             fill(&|i| k[i], &|i| v[i]);
-            None
         }
-        (Source::Store, KvStore::F32 { k, v }) => {
-            fill(&|i| k[at + i], &|i| v[at + i]);
-            None
-        }
-        (Source::Store, KvStore::Bf16 { k, v }) => {
-            fill(&|i| from_bf16(k[at + i]), &|i| from_bf16(v[at + i]));
-            None
-        }
-        (Source::Store, KvStore::Int8 { k, v, v_scale, .. }) => {
-            fill(&|i| k[at + i] as f32, &|i| v[at + i] as f32);
-            let mut vs = [0f32; KEY_TILE];
-            for (t, x) in vs.iter_mut().enumerate().take(len) {
-                *x = scale(v_scale[rows.store_head(b) * bs + t0 + t]);
-            }
-            Some(vs)
-        }
+        // Never asked for: stored int8 blocks are read as codes.
+        (Source::Store, KvStore::Int8 { .. }) => debug_assert!(false, "int8 codes are not loaded as f32 tiles"),
+        (Source::Store, KvStore::F32 { k, v }) => fill(&|i| k[at + i], &|i| v[at + i]),
+        (Source::Store, KvStore::Bf16 { k, v }) => fill(&|i| from_bf16(k[at + i]), &|i| from_bf16(v[at + i])),
     }
 }
 
@@ -200,6 +190,7 @@ pub(in crate::kernels) fn load_tile_len<T: Copy + Default>(s: &[T], len: usize) 
     a
 }
 
+#[cfg(test)]
 /// Σ a[c]·b[c] as 16 lane-wise fused chains (channel c in lane c mod 16), then [`tree_sum`].
 #[inline(always)]
 pub(in crate::kernels) fn dot16(a: &[f32], b: &[f32]) -> f32 {

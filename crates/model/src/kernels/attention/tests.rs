@@ -4,7 +4,9 @@
 
 use super::portable::{dot16, tree_sum};
 use super::*;
-use crate::kernels::kv_quant::{dequantize_key, dequantize_value, from_bf16, quantize_keys, quantize_values, to_bf16};
+use crate::kernels::kv_quant::{
+    dequantize_key, dequantize_value, from_bf16, key_code_at, quantize_keys, quantize_values, to_bf16, value_code_at,
+};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
@@ -96,7 +98,10 @@ impl Pool {
             .map(|c| {
                 let i = bh * d * bs + c * bs + off;
                 let x = match dt {
-                    Dtype::Int8 if !exact => dequantize_key(self.k8[i], self.kmin[bh * d + c], self.ksc[bh * d + c]),
+                    Dtype::Int8 if !exact => {
+                        let code = self.k8[bh * d * bs + key_code_at(d, bs, c, off)];
+                        dequantize_key(code, self.kmin[bh * d + c], self.ksc[bh * d + c])
+                    }
                     Dtype::Bf16 => from_bf16(self.kb[i]),
                     _ => self.kf[i],
                 };
@@ -107,7 +112,9 @@ impl Pool {
             .map(|c| {
                 let i = bh * d * bs + off * d + c;
                 let x = match dt {
-                    Dtype::Int8 if !exact => dequantize_value(self.v8[i], self.vsc[bh * bs + off]),
+                    Dtype::Int8 if !exact => {
+                        dequantize_value(self.v8[bh * d * bs + value_code_at(d, off, c)], self.vsc[bh * bs + off])
+                    }
                     Dtype::Bf16 => from_bf16(self.vb[i]),
                     _ => self.vf[i],
                 };
@@ -115,6 +122,18 @@ impl Pool {
             })
             .collect();
         (k, v)
+    }
+
+    /// The score an int8 cache defines for query `q` (already times 1/√d) against the stored key at
+    /// position `p` of head `h`: the query quantized against the block's statistics, the integer
+    /// sum, its step and bias (see `int8`), evaluated in f64.
+    fn int8_score(&self, table: &[u32], h: usize, p: usize, q: &[f32]) -> f64 {
+        let (d, bs) = (self.d, self.bs);
+        let bh = table[p / bs] as usize * self.hkv + h;
+        let mut q8 = vec![0i8; d];
+        let (step, bias) = int8::quantize_query(q, &self.kmin[bh * d..][..d], &self.ksc[bh * d..][..d], &mut q8);
+        let dot: i64 = (0..d).map(|c| q8[c] as i64 * self.k8[bh * d * bs + key_code_at(d, bs, c, p % bs)] as i64).sum();
+        dot as f64 * step as f64 + bias as f64
     }
 }
 
@@ -150,6 +169,9 @@ fn check(dt: Dtype, d: usize, bs: usize, g: usize, window: Option<usize>, ctx: u
         }
         if crate::kernels::has_avx512() && x86::handles(d) {
             paths.push(Path::Avx512);
+        }
+        if crate::kernels::has_vnni() && x86::handles(d) {
+            paths.push(Path::Avx512Vnni);
         }
     }
     let mut first: Option<(Vec<f32>, Path, bool)> = None;
@@ -195,9 +217,17 @@ fn reference_check(
                 let h = hq / g;
                 let qr = &q[((seq.row + t) * q_heads + hq) * d..][..d];
                 let kvs: Vec<_> = (lo..=pos).map(|p| pool.kv_at(dt, seq.blocks, h, p, p / bs == pos / bs)).collect();
-                let sc: Vec<f64> = kvs
-                    .iter()
-                    .map(|(k, _)| k.iter().zip(qr).map(|(a, b)| a * *b as f64).sum::<f64>() * scale)
+                // Int8 blocks other than the row's own: the score the int8 arithmetic defines.
+                let qs: Vec<f32> = qr.iter().map(|&x| x * (1.0 / (d as f32).sqrt())).collect();
+                let sc: Vec<f64> = (lo..=pos)
+                    .zip(&kvs)
+                    .map(|(p, (k, _))| {
+                        if dt == Dtype::Int8 && p / bs != pos / bs {
+                            pool.int8_score(seq.blocks, h, p, &qs)
+                        } else {
+                            k.iter().zip(qr).map(|(a, b)| a * *b as f64).sum::<f64>() * scale
+                        }
+                    })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();

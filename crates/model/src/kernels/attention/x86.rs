@@ -6,14 +6,15 @@
 // Index loops mirror the registers and lanes they stand for (and unroll into them).
 #![allow(clippy::needless_range_loop)]
 
+mod int8;
+
 use std::arch::x86_64::*;
 
 use super::{load_tile_len, Rows, SegState, Source, KEY_TILE};
 use crate::kernels::attention::KvStore;
-use crate::kernels::kv_quant::scale;
 
 /// Rows whose scores are computed together (two partial sums each: 16 accumulators).
-const SCORE_ROWS: usize = 8;
+pub(super) const SCORE_ROWS: usize = 8;
 
 /// [`super::exp_fma`] on 16 lanes, one instruction per step.
 #[inline(always)]
@@ -42,7 +43,7 @@ pub(super) unsafe fn exp16_for_tests(x: [f32; 16]) -> [f32; 16] {
 
 /// [`super::portable::tree_sum`] on a vector: 8 + 8, 4 + 4, 2 + 2, 1 + 1.
 #[inline(always)]
-unsafe fn tree_sum(p: __m512) -> f32 {
+pub(super) unsafe fn tree_sum(p: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(p);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
     let h = _mm256_add_ps(lo, hi);
@@ -57,17 +58,18 @@ fn lanes(a: usize, e: usize) -> __mmask16 {
     (((1u32 << e) - 1) & !((1u32 << a) - 1)) as __mmask16
 }
 
-/// Dispatch on the head size (16, 32, 64 or 128: [`handles`]).
+/// Dispatch on the head size (16, 32, 64 or 128: [`handles`]). `vnni`: stored int8 blocks use
+/// AVX-512 VNNI (the same sums as without).
 ///
 /// # Safety
-/// AVX-512F and BW must be available; `rows.d` one of those.
+/// AVX-512F and BW must be available (and VNNI when `vnni`); `rows.d` one of those.
 #[target_feature(enable = "avx512f,avx512bw,fma")]
-pub(super) unsafe fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
+pub(super) unsafe fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, vnni: bool) {
     match rows.d {
-        16 => seg::<1>(rows, b0, b1, st),
-        32 => seg::<2>(rows, b0, b1, st),
-        64 => seg::<4>(rows, b0, b1, st),
-        _ => seg::<8>(rows, b0, b1, st),
+        16 => seg::<1>(rows, b0, b1, st, vnni),
+        32 => seg::<2>(rows, b0, b1, st, vnni),
+        64 => seg::<4>(rows, b0, b1, st, vnni),
+        _ => seg::<8>(rows, b0, b1, st, vnni),
     }
 }
 
@@ -77,72 +79,85 @@ pub(super) fn handles(d: usize) -> bool {
 }
 
 /// Rows that go through a block together (their scores and weights stay in L1).
-const SET_ROWS: usize = 32;
+pub(super) const SET_ROWS: usize = 32;
 
 /// Per-thread scratch, allocated once: scores and weights of a row set over one block, the
 /// query sides, a converted key and value tile, a block's value scales.
-struct Scratch {
+pub(super) struct Scratch {
     scores: Vec<f32>,
     w: Vec<f32>,
     qs: Vec<f32>,
     kt: Box<[f32; 128 * KEY_TILE]>,
     vt: Box<[f32; KEY_TILE * 128]>,
-    vs: Box<[f32; 1024]>,
+    vs: Vec<f32>,
+    /// Int8: the rows' query codes (`[row][d]`) and weight codes (`[row][stride]`).
+    q8: Vec<i8>,
+    w16: Vec<i16>,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
 }
 
-#[target_feature(enable = "avx512f,avx512bw,fma")]
-unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        let bs = rows.kv.block_size;
-        let scratch = scratch.get_or_insert_with(|| Scratch {
-            scores: Vec::new(),
-            w: Vec::new(),
-            qs: Vec::new(),
-            kt: Box::new([0.0; 128 * KEY_TILE]),
-            vt: Box::new([0.0; KEY_TILE * 128]),
-            vs: Box::new([0.0; 1024]),
-        });
-        // Rows of whole tiles, so a tile's 16 lanes never reach into the next row.
-        scratch.scores.resize(SET_ROWS * bs.next_multiple_of(KEY_TILE), 0.0);
-        scratch.w.resize(SET_ROWS * bs.next_multiple_of(KEY_TILE), 0.0);
-        scratch.qs.resize(SET_ROWS * NV * 16, 0.0);
-        let mut set: Vec<usize> = Vec::with_capacity(SET_ROWS);
-        for b in b0..b1 {
-            // The next block lives elsewhere in the pool (the table is indirect, so the hardware
-            // prefetcher cannot guess it): fetch it while this one is computed.
-            if b + 1 < b1 {
-                prefetch_block(rows, b + 1);
-            }
-            // Rows that read this block the same way (source and live keys) go together: all of
-            // them off the diagonal, one token's heads on it.
-            let mut key = None;
-            for r in 0..rows.rows.len() {
-                let this = rows.source(r, b).and_then(|src| {
-                    let (a, e) = rows.live(r, b * bs, bs);
-                    (a < e).then_some((src, a - b * bs, e - b * bs))
-                });
-                if (this != key || set.len() == SET_ROWS) && !set.is_empty() {
-                    if let Some(k) = key {
-                        block::<NV>(rows, b, k, &set, scratch, st);
-                    }
-                    set.clear();
-                }
-                key = this;
-                if this.is_some() {
-                    set.push(r);
-                }
-            }
-            if let (Some(k), false) = (key, set.is_empty()) {
-                block::<NV>(rows, b, k, &set, scratch, st);
-            }
-            set.clear();
+/// Every block of `b0..b1` for the rows of `rows`. Inlined into [`segment`], so its body is
+/// compiled with its instruction sets (no closure in it: a closure would not inherit them).
+#[inline(always)]
+unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, vnni: bool) {
+    // SAFETY: the thread-local lives as long as this thread, which runs this whole call.
+    let cell: *const std::cell::RefCell<Option<Scratch>> = SCRATCH.with(|c| c as *const _);
+    let mut scratch = (*cell).borrow_mut();
+    let bs = rows.kv.block_size;
+    let scratch = scratch.get_or_insert_with(|| Scratch {
+        scores: Vec::new(),
+        w: Vec::new(),
+        qs: Vec::new(),
+        kt: Box::new([0.0; 128 * KEY_TILE]),
+        vt: Box::new([0.0; KEY_TILE * 128]),
+        vs: Vec::new(),
+        q8: Vec::new(),
+        w16: Vec::new(),
+    });
+    // Rows of whole tiles, so a tile's 16 lanes never reach into the next row.
+    let stride = bs.next_multiple_of(KEY_TILE);
+    scratch.scores.resize(SET_ROWS * stride, 0.0);
+    scratch.w.resize(SET_ROWS * stride, 0.0);
+    scratch.qs.resize(SET_ROWS * NV * 16, 0.0);
+    scratch.vs.resize(stride, 0.0);
+    scratch.q8.resize(SET_ROWS * NV * 16, 0);
+    scratch.w16.resize(SET_ROWS * stride, 0);
+    let mut set = [0usize; SET_ROWS];
+    let mut n = 0;
+    for b in b0..b1 {
+        // The next block lives elsewhere in the pool (the table is indirect, so the hardware
+        // prefetcher cannot guess it): fetch it while this one is computed.
+        if b + 1 < b1 {
+            prefetch_block(rows, b + 1);
         }
-    })
+        // Rows that read this block the same way (source and live keys) go together: all of
+        // them off the diagonal, one token's heads on it.
+        let mut key = None;
+        for r in 0..rows.rows.len() {
+            let this = rows.source(r, b).and_then(|src| {
+                let (a, e) = rows.live(r, b * bs, bs);
+                (a < e).then_some((src, a - b * bs, e - b * bs))
+            });
+            if (this != key || n == SET_ROWS) && n > 0 {
+                if let Some(k) = key {
+                    block::<NV>(rows, b, k, &set[..n], scratch, st, vnni);
+                }
+                n = 0;
+            }
+            key = this;
+            if this.is_some() {
+                set[n] = r;
+                n += 1;
+            }
+        }
+        if let (Some(k), true) = (key, n > 0) {
+            block::<NV>(rows, b, k, &set[..n], scratch, st, vnni);
+        }
+        n = 0;
+    }
 }
 
 /// One online-softmax step of rows `set` (all reading block `b` from `src`, keys `a..e` of it):
@@ -157,59 +172,31 @@ unsafe fn block<const NV: usize>(
     set: &[usize],
     scratch: &mut Scratch,
     st: &mut SegState,
+    vnni: bool,
 ) {
+    if let (Source::Store, KvStore::Int8 { .. }) = (src, rows.kv.store) {
+        let args = (rows, b, (a, e), set, scratch, st);
+        return if vnni { int8::block_vnni::<NV>(args) } else { int8::block_madd::<NV>(args) };
+    }
     let d = NV * 16;
     let bs = rows.kv.block_size;
     let stride = bs.next_multiple_of(KEY_TILE);
-    let Scratch { scores, w, qs, kt, vt, vs } = scratch;
-    // The query side: int8 keys fold their per-channel scale into the query and their minimum
-    // into one bias per row.
-    let mut qb = [0f32; SET_ROWS];
-    let (qbase, int8) = match (src, rows.kv.store) {
-        (Source::Store, KvStore::Int8 { k_min, k_scale, .. }) => {
-            let at = rows.store_head(b) * d;
-            let mut sc = [0f32; 128];
-            for c in 0..d {
-                sc[c] = scale(k_scale[at + c]);
-            }
-            for (i, &r) in set.iter().enumerate() {
-                let q = rows.q.as_ptr().add(r * d);
-                let mut acc = _mm512_setzero_ps();
-                for v in 0..NV {
-                    let qv = _mm512_loadu_ps(q.add(16 * v));
-                    let mins = _mm512_cvtph_ps(_mm256_loadu_si256(k_min.as_ptr().add(at + 16 * v).cast()));
-                    let scaled = _mm512_mul_ps(qv, _mm512_loadu_ps(sc.as_ptr().add(16 * v)));
-                    _mm512_storeu_ps(qs.as_mut_ptr().add(i * d + 16 * v), scaled);
-                    acc = _mm512_fmadd_ps(qv, mins, acc);
-                }
-                qb[i] = tree_sum(acc);
-            }
-            (qs.as_ptr(), true)
-        }
-        _ => {
-            for (i, &r) in set.iter().enumerate() {
-                qs[i * d..(i + 1) * d].copy_from_slice(&rows.q[r * d..(r + 1) * d]);
-            }
-            (qs.as_ptr(), false)
-        }
-    };
+    let Scratch { scores, w, qs, kt, vt, .. } = scratch;
+    for (i, &r) in set.iter().enumerate() {
+        qs[i * d..(i + 1) * d].copy_from_slice(&rows.q[r * d..(r + 1) * d]);
+    }
+    let qbase = qs.as_ptr();
     let (j0, j1) = (a / KEY_TILE, (e - 1) / KEY_TILE + 1);
-    let tile_lanes = |j: usize| {
-        let t0 = j * KEY_TILE;
-        lanes(a.max(t0) - t0, e.min(t0 + KEY_TILE) - t0)
-    };
     // Decode (a few rows, whole tiles): keys and values converted as they are used, no scratch.
     let fused = set.len() <= SCORE_ROWS && bs.is_multiple_of(KEY_TILE);
     let at = rows.store_head(b) * bs * d;
     // Scores, `[row][position in block]`.
     if fused {
-        let q = qbase;
-        let args = (q, &qb[..set.len()], j0, j1, int8, scores.as_mut_ptr(), stride, bs);
+        let args = (qbase, j0, j1, scores.as_mut_ptr(), stride, bs);
         match (src, rows.kv.store) {
-            (Source::Exact, _) => scores_fused::<NV, F32s>(set.len(), args, rows.exact(b).0.as_ptr()),
             (Source::Store, KvStore::F32 { k, .. }) => scores_fused::<NV, F32s>(set.len(), args, k.as_ptr().add(at)),
             (Source::Store, KvStore::Bf16 { k, .. }) => scores_fused::<NV, Bf16s>(set.len(), args, k.as_ptr().add(at)),
-            (Source::Store, KvStore::Int8 { k, .. }) => scores_fused::<NV, U8s>(set.len(), args, k.as_ptr().add(at)),
+            _ => scores_fused::<NV, F32s>(set.len(), args, rows.exact(b).0.as_ptr()),
         }
     } else {
         for j in j0..j1 {
@@ -219,9 +206,8 @@ unsafe fn block<const NV: usize>(
             let kmask = lanes(0, len);
             for (g, group) in set.chunks(SCORE_ROWS).enumerate() {
                 let i0 = g * SCORE_ROWS;
-                let qb = &qb[i0..i0 + group.len()];
                 let (q, out) = (qbase.add(i0 * d), scores.as_mut_ptr().add(i0 * stride + t0));
-                let args = (q, qb, kp, ks, kmask, int8, out, stride);
+                let args = (q, kp, ks, kmask, out, stride);
                 match group.len() {
                     1 => score_rows::<NV, 1>(args),
                     2 => score_rows::<NV, 2>(args),
@@ -235,53 +221,14 @@ unsafe fn block<const NV: usize>(
             }
         }
     }
-    // Value scales (int8), then the softmax step of each row.
-    if let (Source::Store, KvStore::Int8 { v_scale, .. }) = (src, rows.kv.store) {
-        let s0 = rows.store_head(b) * bs;
-        for t in a..e {
-            vs[t] = scale(v_scale[s0 + t]);
-        }
-    }
-    let d16 = |x: usize| x * KEY_TILE;
-    for (i, &r) in set.iter().enumerate() {
-        let srow = scores.as_ptr().add(i * stride);
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        for j in j0..j1 {
-            let s = _mm512_loadu_ps(srow.add(d16(j)));
-            mx = _mm512_mask_max_ps(mx, tile_lanes(j), mx, s);
-        }
-        let block_max = _mm512_reduce_max_ps(mx);
-        let new_max = st.m[r].max(block_max);
-        let correction = super::exp_fma(st.m[r] - new_max);
-        let m = _mm512_set1_ps(new_max);
-        let mut acc = _mm512_setzero_ps();
-        let wrow = w.as_mut_ptr().add(i * stride);
-        for j in j0..j1 {
-            let s = _mm512_loadu_ps(srow.add(d16(j)));
-            let p = _mm512_maskz_mov_ps(tile_lanes(j), exp16_fma(_mm512_sub_ps(s, m)));
-            acc = _mm512_add_ps(acc, p);
-            let wv = if int8 { _mm512_mul_ps(p, _mm512_loadu_ps(vs.as_ptr().add(d16(j)))) } else { p };
-            _mm512_storeu_ps(wrow.add(d16(j)), wv);
-        }
-        st.l[r] = st.l[r].mul_add(correction, tree_sum(acc));
-        st.m[r] = new_max;
-        st.touched[r] = true;
-        if correction != 1.0 {
-            let cv = _mm512_set1_ps(correction);
-            let op = st.o.as_mut_ptr().add(r * d);
-            for v in 0..NV {
-                _mm512_storeu_ps(op.add(16 * v), _mm512_mul_ps(_mm512_loadu_ps(op.add(16 * v)), cv));
-            }
-        }
-    }
+    softmax_rows::<NV>(set, scores, w, None, (a, e), stride, st);
     // Weighted values: a few rows' outputs in registers, each value row loaded once for them.
     if fused {
         let args = (set, &mut st.o[..], w.as_ptr(), stride, a, e);
         match (src, rows.kv.store) {
-            (Source::Exact, _) => values_fused::<NV, F32s>(set.len(), args, rows.exact(b).1.as_ptr()),
             (Source::Store, KvStore::F32 { v, .. }) => values_fused::<NV, F32s>(set.len(), args, v.as_ptr().add(at)),
             (Source::Store, KvStore::Bf16 { v, .. }) => values_fused::<NV, Bf16s>(set.len(), args, v.as_ptr().add(at)),
-            (Source::Store, KvStore::Int8 { v, .. }) => values_fused::<NV, I8s>(set.len(), args, v.as_ptr().add(at)),
+            _ => values_fused::<NV, F32s>(set.len(), args, rows.exact(b).1.as_ptr()),
         }
         return;
     }
@@ -303,6 +250,68 @@ unsafe fn block<const NV: usize>(
                 7 if NV <= 2 => weigh_values::<NV, 7>(args),
                 8 if NV <= 2 => weigh_values::<NV, 8>(args),
                 _ => unreachable!("value groups hold at most 16 vectors"),
+            }
+        }
+    }
+}
+
+/// Lanes `a..e` of tile `j` of a block (only the first and last tiles of `a..e` can be partial).
+#[inline(always)]
+pub(super) fn tile_lanes(j: usize, a: usize, e: usize) -> __mmask16 {
+    let t0 = j * KEY_TILE;
+    if t0 >= a && t0 + KEY_TILE <= e {
+        return !0;
+    }
+    lanes(a.max(t0) - t0, e.min(t0 + KEY_TILE) - t0)
+}
+
+/// The online-softmax step of each row of `set` over its scores (`[row][stride]`, live keys
+/// `a..e`): the block's maximum, one rescale of what came before, the probabilities summed, and
+/// the weights left in `w` (probabilities, times each value's scale `vs` for int8).
+#[inline(always)]
+pub(super) unsafe fn softmax_rows<const NV: usize>(
+    set: &[usize],
+    scores: &[f32],
+    w: &mut [f32],
+    vs: Option<&[f32]>,
+    (a, e): (usize, usize),
+    stride: usize,
+    st: &mut SegState,
+) {
+    let d = NV * 16;
+    let (j0, j1) = (a / KEY_TILE, (e - 1) / KEY_TILE + 1);
+    let d16 = |x: usize| x * KEY_TILE;
+    for (i, &r) in set.iter().enumerate() {
+        let srow = scores.as_ptr().add(i * stride);
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for j in j0..j1 {
+            let s = _mm512_loadu_ps(srow.add(d16(j)));
+            mx = _mm512_mask_max_ps(mx, tile_lanes(j, a, e), mx, s);
+        }
+        let block_max = _mm512_reduce_max_ps(mx);
+        let new_max = st.m[r].max(block_max);
+        let correction = super::exp_fma(st.m[r] - new_max);
+        let m = _mm512_set1_ps(new_max);
+        let mut acc = _mm512_setzero_ps();
+        let wrow = w.as_mut_ptr().add(i * stride);
+        for j in j0..j1 {
+            let s = _mm512_loadu_ps(srow.add(d16(j)));
+            let p = _mm512_maskz_mov_ps(tile_lanes(j, a, e), exp16_fma(_mm512_sub_ps(s, m)));
+            acc = _mm512_add_ps(acc, p);
+            let wv = match vs {
+                Some(vs) => _mm512_mul_ps(p, _mm512_loadu_ps(vs.as_ptr().add(d16(j)))),
+                None => p,
+            };
+            _mm512_storeu_ps(wrow.add(d16(j)), wv);
+        }
+        st.l[r] = st.l[r].mul_add(correction, tree_sum(acc));
+        st.m[r] = new_max;
+        st.touched[r] = true;
+        if correction != 1.0 {
+            let cv = _mm512_set1_ps(correction);
+            let op = st.o.as_mut_ptr().add(r * d);
+            for v in 0..NV {
+                _mm512_storeu_ps(op.add(16 * v), _mm512_mul_ps(_mm512_loadu_ps(op.add(16 * v)), cv));
             }
         }
     }
@@ -341,8 +350,6 @@ trait Lanes {
 
 struct F32s;
 struct Bf16s;
-struct U8s;
-struct I8s;
 
 impl Lanes for F32s {
     type T = f32;
@@ -360,25 +367,8 @@ impl Lanes for Bf16s {
     }
 }
 
-impl Lanes for U8s {
-    type T = u8;
-    #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())))
-    }
-}
-
-impl Lanes for I8s {
-    type T = i8;
-    #[inline(always)]
-    unsafe fn load16(p: *const i8) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
-    }
-}
-
-/// Arguments of [`scores_fused`]: queries, int8 biases, tiles `j0..j1`, int8?, scores out, row
-/// stride, block size.
-type ScoreArgs<'a> = (*const f32, &'a [f32], usize, usize, bool, *mut f32, usize, usize);
+/// Arguments of [`scores_fused`]: queries, tiles `j0..j1`, scores out, row stride, block size.
+type ScoreArgs = (*const f32, usize, usize, *mut f32, usize, usize);
 
 #[inline(always)]
 unsafe fn scores_fused<const NV: usize, K: Lanes>(g: usize, args: ScoreArgs, k: *const K::T) {
@@ -398,7 +388,7 @@ unsafe fn scores_fused<const NV: usize, K: Lanes>(g: usize, args: ScoreArgs, k: 
 /// start at `k`, each channel's 16 keys converted once for all the rows.
 #[inline(always)]
 unsafe fn scores_rows<const NV: usize, const G: usize, K: Lanes>(
-    (q, qb, j0, j1, int8, out, stride, bs): ScoreArgs,
+    (q, j0, j1, out, stride, bs): ScoreArgs,
     k: *const K::T,
 ) {
     let d = NV * 16;
@@ -416,9 +406,7 @@ unsafe fn scores_rows<const NV: usize, const G: usize, K: Lanes>(
             }
         }
         for i in 0..G {
-            let s = _mm512_add_ps(a0[i], a1[i]);
-            let s = if int8 { _mm512_add_ps(s, _mm512_set1_ps(qb[i])) } else { s };
-            _mm512_storeu_ps(out.add(i * stride + t0), s);
+            _mm512_storeu_ps(out.add(i * stride + t0), _mm512_add_ps(a0[i], a1[i]));
         }
     }
 }
@@ -442,7 +430,7 @@ unsafe fn values_fused<const NV: usize, V: Lanes>(g: usize, args: ValueArgs, v: 
 
 /// Vectors of an output a pass of [`values_rows`] keeps for each of `g` rows: as many as fit 24
 /// registers, a divisor of the head's `nv`.
-const fn columns(nv: usize, g: usize) -> usize {
+pub(super) const fn columns(nv: usize, g: usize) -> usize {
     let mut c = nv;
     while c > 1 && (c * g > 24 || !nv.is_multiple_of(c)) {
         c -= 1;
@@ -483,21 +471,11 @@ unsafe fn values_rows<const NV: usize, const G: usize, V: Lanes>((set, o, w, str
     }
 }
 
-/// Scores of `G` rows (queries at `q`, `d` apart; int8 biases `qb`) against one key tile
-/// (channel `c` at `kp + c·ks`, lanes `kmask` valid), stored to `out` (rows `stride` apart).
-#[allow(clippy::type_complexity)]
+/// Scores of `G` rows (queries at `q`, `d` apart) against one key tile (channel `c` at `kp +
+/// c·ks`, lanes `kmask` valid), stored to `out` (rows `stride` apart).
 #[inline(always)]
 unsafe fn score_rows<const NV: usize, const G: usize>(
-    (q, qb, kp, ks, kmask, int8, out, stride): (
-        *const f32,
-        &[f32],
-        *const f32,
-        usize,
-        __mmask16,
-        bool,
-        *mut f32,
-        usize,
-    ),
+    (q, kp, ks, kmask, out, stride): (*const f32, *const f32, usize, __mmask16, *mut f32, usize),
 ) {
     let d = NV * 16;
     let mut a0 = [_mm512_setzero_ps(); G];
@@ -512,9 +490,7 @@ unsafe fn score_rows<const NV: usize, const G: usize>(
         }
     }
     for i in 0..G {
-        let s = _mm512_add_ps(a0[i], a1[i]);
-        let s = if int8 { _mm512_add_ps(s, _mm512_set1_ps(qb[i])) } else { s };
-        _mm512_storeu_ps(out.add(i * stride), s);
+        _mm512_storeu_ps(out.add(i * stride), _mm512_add_ps(a0[i], a1[i]));
     }
 }
 
@@ -553,7 +529,7 @@ unsafe fn weigh_values<const NV: usize, const G: usize>(
 }
 
 /// Keys `t0..t0 + len` of block `b` as f32 `[d][16]`: (pointer, channel stride). f32 tiles are
-/// read in place; bf16 and int8 codes are converted into `kt`.
+/// read in place; bf16 ones are converted into `kt`.
 #[inline(always)]
 unsafe fn key_tile<const NV: usize>(
     rows: &Rows,
@@ -580,23 +556,13 @@ unsafe fn key_tile<const NV: usize>(
             }
             (kt.as_ptr(), KEY_TILE)
         }
-        (Source::Store, KvStore::Int8 { k, .. }) => {
-            for c in 0..d {
-                let src = &k[at + c * bs + t0..];
-                let x = if len == KEY_TILE {
-                    _mm_loadu_si128(src.as_ptr().cast())
-                } else {
-                    _mm_loadu_si128(load_tile_len::<u8>(src, len).as_ptr().cast())
-                };
-                _mm512_storeu_ps(kt.as_mut_ptr().add(c * KEY_TILE), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(x)));
-            }
-            (kt.as_ptr(), KEY_TILE)
-        }
+        // Never asked for: stored int8 blocks are read as codes (`block_int8`).
+        (Source::Store, KvStore::Int8 { .. }) => (rows.exact(b).0.as_ptr().add(t0), bs),
     }
 }
 
-/// Values `t0..t0 + len` of block `b` as f32 rows of `d`: in place for f32, else converted into
-/// `vt` (int8 codes as their integer values; the scales go into the weights).
+/// Values `t0..t0 + len` of block `b` as f32 rows of `d`: in place for f32, bf16 converted into
+/// `vt`.
 #[inline(always)]
 unsafe fn value_tile<const NV: usize>(
     rows: &Rows,
@@ -621,16 +587,8 @@ unsafe fn value_tile<const NV: usize>(
             }
             vt.as_ptr()
         }
-        (Source::Store, KvStore::Int8 { v, .. }) => {
-            for t in 0..len {
-                let row = v.as_ptr().add(at + (t0 + t) * d);
-                for i in 0..NV {
-                    let x = _mm512_cvtepi8_epi32(_mm_loadu_si128(row.add(16 * i).cast()));
-                    _mm512_storeu_ps(vt.as_mut_ptr().add(t * d + 16 * i), _mm512_cvtepi32_ps(x));
-                }
-            }
-            vt.as_ptr()
-        }
+        // Never asked for, as in `key_tile`.
+        (Source::Store, KvStore::Int8 { .. }) => rows.exact(b).1.as_ptr().add(t0 * d),
     }
 }
 

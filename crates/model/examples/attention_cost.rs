@@ -1,0 +1,129 @@
+//! Decode attention at depth, alone: one query token of qwen2.5-0.5b's shape (14 query heads, 2 KV
+//! heads, head size 64) against a context of `--depth` tokens in every layer of a paged pool of
+//! the chosen dtype, the way a decode step runs it, and the bytes of cache that step reads per
+//! second. `cargo run --release -p flint-model --example attention_cost -- [--depth 16384]
+//! [--dtype int8|bf16|f32] [--iters 20] [--flush 400]`. Prints the median time of one token (all
+//! layers).
+
+use flint_model::kernels::attention::{paged_attention, ExactBlock, KvStore, PagedLayer, SeqView};
+use flint_model::kernels::huge_buf::HugeBuf;
+use std::time::Instant;
+
+const LAYERS: usize = 24;
+const HKV: usize = 2;
+const QH: usize = 14;
+const D: usize = 64;
+
+fn arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
+}
+
+fn fill<T: Copy>(n: usize, f: impl Fn(usize) -> T) -> Vec<T> {
+    (0..n).map(f).collect()
+}
+
+fn hash(i: usize) -> u32 {
+    let mut x = (i as u32).wrapping_mul(2_654_435_761) ^ 0x9e37_79b9;
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x85eb_ca6b);
+    x ^ (x >> 13)
+}
+
+fn main() {
+    let depth: usize = arg("--depth", "16384").parse().expect("--depth: a number");
+    let dtype = arg("--dtype", "int8");
+    let iters: usize = arg("--iters", "20").parse().expect("--iters: a number");
+    let bs = if dtype == "int8" { 128 } else { 16 };
+    let blocks = depth / bs + 1;
+    let per_layer = blocks * HKV * D * bs;
+    // One pool per layer, blocks in a scrambled order as a busy pool hands them out.
+    let table: Vec<u32> = (0..blocks as u32).map(|i| (i * 7 + 3) % blocks as u32).collect();
+    let f32s = |seed: usize| fill(per_layer, |i| (hash(i + seed) % 2000) as f32 / 1000.0 - 1.0);
+    struct Layer {
+        kf: HugeBuf<f32>,
+        vf: HugeBuf<f32>,
+        kb: HugeBuf<u16>,
+        vb: HugeBuf<u16>,
+        k8: HugeBuf<u8>,
+        kmin: HugeBuf<u16>,
+        ksc: HugeBuf<u8>,
+        v8: HugeBuf<i8>,
+        vsc: HugeBuf<u8>,
+    }
+    let layers: Vec<Layer> = (0..LAYERS)
+        .map(|l| {
+            let big = |v: Vec<f32>| {
+                if dtype == "f32" {
+                    HugeBuf::from_slice(&v)
+                } else {
+                    HugeBuf::from_slice(&v[..D * bs * HKV])
+                }
+            };
+            let bf = |v: &[f32]| HugeBuf::from_slice(&fill(v.len(), |i| (v[i].to_bits() >> 16) as u16));
+            let (kf, vf) = (f32s(l * 7), f32s(l * 7 + 1));
+            let (kb, vb) = if dtype == "bf16" { (bf(&kf), bf(&vf)) } else { (HugeBuf::zeroed(1), HugeBuf::zeroed(1)) };
+            let n8 = if dtype == "int8" { per_layer } else { 1 };
+            Layer {
+                kb,
+                vb,
+                k8: HugeBuf::from_slice(&fill(n8, |i| hash(i + l) as u8)),
+                kmin: HugeBuf::from_slice(&fill(blocks * HKV * D, |i| half_bits(-((hash(i) % 100) as f32) / 50.0))),
+                ksc: HugeBuf::from_slice(&fill(blocks * HKV * D, |i| 150 + (hash(i) % 20) as u8)),
+                v8: HugeBuf::from_slice(&fill(n8, |i| hash(i + 3 * l) as i8)),
+                vsc: HugeBuf::from_slice(&fill(blocks * HKV * bs, |i| 150 + (hash(i) % 20) as u8)),
+                kf: big(kf),
+                vf: big(vf),
+            }
+        })
+        .collect();
+    let q: Vec<f32> = fill(QH * D, |i| (hash(i + 99) % 2000) as f32 / 1000.0 - 1.0);
+    let exact_k: Vec<f32> = fill(HKV * D * bs, |i| (hash(i + 5) % 2000) as f32 / 1000.0 - 1.0);
+    let mut out = vec![0f32; QH * D];
+    // A decode step also streams the weights, which pushes the cache out of every CPU cache:
+    // `--flush MB` reads that many megabytes between tokens (untimed), as the weights would.
+    let flush_mb: usize = arg("--flush", "0").parse().expect("--flush: a number");
+    let flush = HugeBuf::<f32>::from_slice(&vec![1.0f32; flush_mb * 262_144]);
+    let mut sink = 0f32;
+    let mut times = Vec::new();
+    for it in 0..iters + 2 {
+        sink += flush.iter().step_by(16).sum::<f32>();
+        let t = Instant::now();
+        for l in &layers {
+            let store = match dtype.as_str() {
+                "f32" => KvStore::F32 { k: &l.kf, v: &l.vf },
+                "bf16" => KvStore::Bf16 { k: &l.kb, v: &l.vb },
+                _ => KvStore::Int8 { k: &l.k8, k_min: &l.kmin, k_scale: &l.ksc, v: &l.v8, v_scale: &l.vsc },
+            };
+            let kv = PagedLayer { store, block_size: bs, kv_heads: HKV, head_dim: D };
+            let exact = [ExactBlock { k: &exact_k, v: &exact_k }];
+            let ex: &[ExactBlock] = if dtype == "int8" { &exact } else { &[] };
+            let seqs = [SeqView { row: 0, context_len: depth, num_tokens: 1, blocks: &table, exact: ex }];
+            paged_attention(&q, QH, &seqs, &kv, None, &mut out);
+        }
+        if it >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let med = times[times.len() / 2];
+    let per_tok = match dtype.as_str() {
+        "f32" => 2 * D * 4,
+        "bf16" => 2 * D * 2,
+        _ => 2 * D + 1,
+    } * HKV
+        * LAYERS;
+    let bytes = (per_tok * depth) as f64;
+    println!(
+        "dtype {dtype} depth {depth}: {:.2} ms per token (median of {iters}, min {:.2}), {:.1} MB of cache, {:.1} GB/s, checksum {:.4}",
+        med * 1e3,
+        times[0] * 1e3,
+        bytes / 1e6,
+        bytes / med / 1e9,
+        out.iter().sum::<f32>() + sink * 0.0
+    );
+}
+
+fn half_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
