@@ -74,10 +74,10 @@ pub(super) unsafe fn block_madd<const NV: usize>((rows, b, live, set, scratch, s
     block::<NV, Madd>(rows, b, live, set, scratch, st)
 }
 
-/// [`super::block`] for a stored int8 block, in [`crate::kernels::attention::int8`]'s integer arithmetic: each row's query
-/// quantized against the block's key statistics, scores as `vpdpbusd` sums over four channels of
-/// 16 keys, the softmax, each row's weights quantized, and the weighted values as `vpdpwssd` sums
-/// over two tokens of 16 channels.
+/// [`super::block`] for a stored int8 block, in [`crate::kernels::attention::int8`]'s integer
+/// arithmetic: each row's query quantized against the block's key statistics, scores as
+/// `vpdpbusd` sums over four channels of 16 keys, the softmax, each row's weights quantized, and
+/// the weighted values as `vpdpwssd` sums over two tokens of 16 channels.
 #[inline(always)]
 unsafe fn block<const NV: usize, D: IntDots>(
     rows: &Rows,
@@ -169,9 +169,9 @@ unsafe fn block<const NV: usize, D: IntDots>(
     }
 }
 
-/// [`crate::kernels::attention::int8::quantize_query`] on 16 channels at a time (the same operations: the
-/// multiplications and roundings per channel, an order-free maximum, the bias's fused chains in
-/// lane `c mod 16` then the tree sum). `xs`: scratch for `d` floats.
+/// [`crate::kernels::attention::int8::quantize_query`] on 16 channels at a time (the same
+/// operations: the multiplications and roundings per channel, an order-free maximum, the bias's
+/// fused chains in lane `c mod 16` then the tree sum). `xs`: scratch for `d` floats.
 #[inline(always)]
 unsafe fn quantize_query<const NV: usize>(
     q: *const f32,
@@ -212,8 +212,8 @@ unsafe fn quantize_query<const NV: usize>(
     (amax / Q_LEVELS, bias)
 }
 
-/// [`crate::kernels::attention::int8::quantize_weights`] on one row's weights over whole tiles: codes written for
-/// every position of the token pairs `a/2..⌈e/2⌉` (zero outside `a..e`).
+/// [`crate::kernels::attention::int8::quantize_weights`] on one row's weights over whole tiles:
+/// codes written for every position of the token pairs `a/2..⌈e/2⌉` (zero outside `a..e`).
 #[inline(always)]
 unsafe fn quantize_weights(w: *const f32, (a, e): (usize, usize), w16: *mut i16) -> WeightStep {
     let (j0, j1) = (a / KEY_TILE, (e - 1) / KEY_TILE + 1);
