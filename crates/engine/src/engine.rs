@@ -13,6 +13,7 @@ use crate::engine_core::{validate, EngineCore, Handle, ModelInfo};
 use crate::request::{EngineEvent, Request};
 use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
+use crate::speculative::{SpecCounters, MAX_SPECULATIVE_TOKENS};
 use crate::EngineError;
 
 /// A snapshot of the engine's state, refreshed after every step (for metrics and logs).
@@ -33,6 +34,26 @@ pub struct EngineStats {
     pub failed_steps: u64,
     /// False once the step loop has died (it should not; the server reports it on /health).
     pub healthy: bool,
+    /// Speculative decoding is on; its counters follow (see [`SpecCounters`]).
+    pub spec_enabled: bool,
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    /// Entry `i`, for `i < spec_positions`: drafts whose token `i` was accepted.
+    pub spec_accepted_per_pos: [u64; MAX_SPECULATIVE_TOKENS],
+    pub spec_positions: usize,
+}
+
+impl EngineStats {
+    /// Speculative decoding's counters, when it is on.
+    pub fn spec_counters(&self) -> Option<SpecCounters> {
+        self.spec_enabled.then(|| SpecCounters {
+            drafts: self.spec_drafts,
+            draft_tokens: self.spec_draft_tokens,
+            accepted_tokens: self.spec_accepted_tokens,
+            accepted_per_pos: self.spec_accepted_per_pos[..self.spec_positions].to_vec(),
+        })
+    }
 }
 
 enum Command {
@@ -279,5 +300,15 @@ fn publish<R: ModelRunner>(core: &EngineCore<R>, stats: &Mutex<EngineStats>) {
         st.generation_tokens = core.counters.generation_tokens;
         st.steps = core.counters.steps;
         st.failed_steps = core.counters.failed_steps;
+        if let Some(cfg) = core.speculative() {
+            let c = &core.spec_counters;
+            st.spec_enabled = true;
+            (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens) =
+                (c.drafts, c.draft_tokens, c.accepted_tokens);
+            st.spec_positions = cfg.num_speculative_tokens.min(MAX_SPECULATIVE_TOKENS);
+            for (dst, &src) in st.spec_accepted_per_pos.iter_mut().zip(&c.accepted_per_pos) {
+                *dst = src;
+            }
+        }
     }
 }

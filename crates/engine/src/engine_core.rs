@@ -16,6 +16,7 @@ use crate::request::{
 use crate::runner::{ModelRunner, StepLogits};
 use crate::sampler::{token_logprobs, Sampler, TokenLogprobs};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqSpec, StepPlan};
+use crate::speculative::{Drafter, SpecCounters, SpeculativeConfig};
 use crate::stop::StopStrings;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
@@ -62,6 +63,16 @@ struct Sample {
     /// When the scheduler first gave this sample a chunk; taken by its first event.
     scheduled: Option<Instant>,
     queue_reported: bool,
+    /// Proposes this sample's drafts when speculative decoding is on.
+    drafter: Option<Drafter>,
+}
+
+/// What one sample's rows of a step produced: its new tokens (with logprobs) and how many draft
+/// tokens were proposed and accepted.
+struct Drawn {
+    tokens: Vec<(u32, Vec<TokenLogprobs>)>,
+    proposed: usize,
+    accepted: usize,
 }
 
 /// Counters since start, for logs and metrics.
@@ -85,6 +96,9 @@ pub struct EngineCore<R: ModelRunner> {
     pub counters: CoreCounters,
     /// Check every pool and scheduler invariant after each step (debug builds and tests).
     pub check_invariants: bool,
+    speculative: Option<SpeculativeConfig>,
+    /// Speculative decoding's acceptance since start.
+    pub spec_counters: SpecCounters,
 }
 
 /// Validate `req` against the model and pool limits: every failure names the parameter.
@@ -132,7 +146,18 @@ impl<R: ModelRunner> EngineCore<R> {
             next_seq: 0,
             counters: CoreCounters::default(),
             check_invariants: cfg!(debug_assertions),
+            speculative: None,
+            spec_counters: SpecCounters::default(),
         }
+    }
+
+    /// Turn speculative decoding on for the requests added from now on (before the first).
+    pub fn set_speculative(&mut self, cfg: Option<SpeculativeConfig>) {
+        self.speculative = cfg;
+    }
+
+    pub fn speculative(&self) -> Option<&SpeculativeConfig> {
+        self.speculative.as_ref()
     }
 
     pub fn runner_mut(&mut self) -> &mut R {
@@ -204,6 +229,7 @@ impl<R: ModelRunner> EngineCore<R> {
                     generated: 0,
                     scheduled: None,
                     queue_reported: false,
+                    drafter: self.speculative.as_ref().map(Drafter::new),
                 },
             );
         }
@@ -262,6 +288,7 @@ impl<R: ModelRunner> EngineCore<R> {
             Ok(logits) if logits.num_rows() == expected_rows(&plan) => {
                 self.scheduler.on_step_done(&plan);
                 self.process(&plan, &logits);
+                self.propose();
             }
             Ok(logits) => self.fail_step(
                 &plan,
@@ -319,53 +346,98 @@ impl<R: ModelRunner> EngineCore<R> {
         let mut row = 0;
         let mut picks = Vec::new();
         for chunk in &plan.chunks {
-            let rows = if chunk.all_logits { chunk.tokens.len() } else { usize::from(chunk.sample) };
+            let rows = chunk_rows(chunk);
             row += rows;
             if chunk.sample {
-                picks.push((chunk.seq, row - 1));
+                // The pending token's row, then one per draft token.
+                let first = row - 1 - chunk.draft;
+                picks.push((chunk.seq, first, chunk.tokens[chunk.tokens.len() - chunk.draft..].to_vec()));
             }
         }
         let mut drawn = self.draw(&picks, logits);
         let mut row = 0;
         for chunk in &plan.chunks {
-            let rows = if chunk.all_logits { chunk.tokens.len() } else { usize::from(chunk.sample) };
+            let rows = chunk_rows(chunk);
             let first_row = row;
             row += rows;
             if chunk.all_logits {
                 self.collect_prompt_logprobs(chunk.seq, chunk.context_len, first_row, rows, logits);
             }
             if chunk.sample {
-                if let Some((tok, lp)) = drawn.remove(&chunk.seq) {
-                    self.sample_next(chunk.seq, tok, lp);
+                if let Some(d) = drawn.remove(&chunk.seq) {
+                    self.take_drawn(chunk.seq, d);
                 }
             }
         }
     }
 
-    /// Draw the next token (and its logprobs, if asked) of every `(seq, logits row)` at once,
-    /// spread over the kernel threads: each sample's sampler is its own state (its own seeded
-    /// generator), so the draws do not depend on which thread makes them or in what order.
-    fn draw(&mut self, picks: &[(SeqId, usize)], logits: &StepLogits) -> HashMap<SeqId, (u32, Vec<TokenLogprobs>)> {
-        type Slot<'a> = Mutex<(SeqId, &'a mut Sample, usize, Option<(u32, Vec<TokenLogprobs>)>)>;
-        let rows: HashMap<SeqId, usize> = picks.iter().copied().collect();
+    /// Emit a sample's new tokens in order, stopping where it finishes; after a verification,
+    /// keep the accepted draft tokens in the cache and roll back the rest.
+    fn take_drawn(&mut self, seq: SeqId, d: Drawn) {
+        if d.proposed > 0 {
+            self.spec_counters.record(d.proposed, d.accepted);
+            if let Some(dr) = self.samples.get_mut(&seq).and_then(|s| s.drafter.as_mut()) {
+                dr.observe(d.proposed, d.accepted);
+            }
+        }
+        let emitted = d.tokens.len();
+        for (tok, lp) in d.tokens {
+            self.sample_next(seq, tok, lp);
+            if !self.samples.contains_key(&seq) {
+                return;
+            }
+        }
+        if d.proposed > 0 {
+            // Still running: the last token is the target's own, the ones before it accepted drafts.
+            if let Err(e) = self.scheduler.accept_draft(seq, emitted - 1) {
+                if let Some(g) = self.samples.get(&seq).map(|s| s.group) {
+                    self.fail_group(g, &format!("internal error: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Propose drafts for every sample that decodes next step (speculative decoding), unless
+    /// more sequences run than `disable_by_batch_size` allows.
+    fn propose(&mut self) {
+        let Some(cfg) = &self.speculative else { return };
+        if cfg.disable_by_batch_size.is_some_and(|b| self.scheduler.num_running() > b) {
+            return;
+        }
+        let k = cfg.num_speculative_tokens;
+        for (&seq, s) in self.samples.iter_mut() {
+            let Some(dr) = s.drafter.as_mut() else { continue };
+            if !self.scheduler.is_decoding(seq) {
+                continue;
+            }
+            let draft = dr.propose(self.scheduler.tokens(seq), k);
+            if !draft.is_empty() {
+                self.scheduler.set_draft(seq, draft);
+            }
+        }
+    }
+
+    /// Draw the next token (and its logprobs, if asked) of every `(seq, logits row, draft)` at
+    /// once, spread over the kernel threads: each sample's sampler is its own state (its own
+    /// seeded generator), so the draws do not depend on which thread makes them or in what
+    /// order. With a draft, rows `row..=row + draft.len()` verify it token by token.
+    fn draw(&mut self, picks: &[(SeqId, usize, Vec<u32>)], logits: &StepLogits) -> HashMap<SeqId, Drawn> {
+        type Slot<'a> = Mutex<(SeqId, &'a mut Sample, usize, &'a [u32], Option<Drawn>)>;
+        let rows: HashMap<SeqId, (usize, &[u32])> = picks.iter().map(|(q, r, d)| (*q, (*r, &d[..]))).collect();
         let valid_vocab = self.info.valid_vocab;
         let work: Vec<Slot> = self
             .samples
             .iter_mut()
-            .filter_map(|(&seq, s)| rows.get(&seq).map(|&r| Mutex::new((seq, s, r, None))))
+            .filter_map(|(&seq, s)| rows.get(&seq).map(|&(r, d)| Mutex::new((seq, s, r, d, None))))
             .collect();
         flint_model::kernels::pool::run(work.len(), |i| {
             let mut slot = work[i].lock().unwrap_or_else(|e| e.into_inner());
-            let (_, s, r, out) = &mut *slot;
-            let row = logits.row(*r);
-            let banned: &[u32] = if s.generated < s.params.min_tokens { &s.stop_ids } else { &[] };
-            let tok = s.sampler.sample(row, banned);
-            let lp = s.params.logprobs.map(|k| token_logprobs(row, valid_vocab, tok, k)).into_iter().collect();
-            *out = Some((tok, lp));
+            let (_, s, r, draft, out) = &mut *slot;
+            *out = Some(draw_rows(s, logits, *r, draft, valid_vocab));
         });
         work.into_iter()
             .filter_map(|m| {
-                let (seq, _, _, out) = m.into_inner().unwrap_or_else(|e| e.into_inner());
+                let (seq, _, _, _, out) = m.into_inner().unwrap_or_else(|e| e.into_inner());
                 out.map(|o| (seq, o))
             })
             .collect()
@@ -388,7 +460,6 @@ impl<R: ModelRunner> EngineCore<R> {
     /// Record the drawn token `tok` of `seq`: detokenize, match stops, emit, finish.
     fn sample_next(&mut self, seq: SeqId, tok: u32, logprobs: Vec<TokenLogprobs>) {
         let Some(s) = self.samples.get_mut(&seq) else { return };
-        s.sampler.record(tok);
         s.generated += 1;
         self.counters.generation_tokens += 1;
         self.scheduler.append_token(seq, tok);
@@ -513,6 +584,46 @@ impl<R: ModelRunner> EngineCore<R> {
     }
 }
 
+/// Logit rows the runner returns for `c`: all (prompt logprobs), the pending token's and the
+/// draft's (verification), the last (it samples), or none.
+fn chunk_rows(c: &crate::scheduler::ScheduledChunk) -> usize {
+    if c.all_logits {
+        c.tokens.len()
+    } else if c.sample {
+        1 + c.draft
+    } else {
+        0
+    }
+}
+
 fn expected_rows(plan: &StepPlan) -> usize {
-    plan.chunks.iter().map(|c| if c.all_logits { c.tokens.len() } else { usize::from(c.sample) }).sum()
+    plan.chunks.iter().map(chunk_rows).sum()
+}
+
+/// One sample's tokens from its rows: a plain draw from `first`, or with a draft, the pending
+/// token's row and then one row per draft token, each verifying the next proposal, until one is
+/// rejected (the target's token replaces it) or all pass (the last row adds the target's next
+/// token). Penalties and `min_tokens` see each token before the next row is read, as they would
+/// one step at a time.
+fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], valid_vocab: usize) -> Drawn {
+    let mut tokens = Vec::with_capacity(draft.len() + 1);
+    let mut accepted = 0;
+    for i in 0..=draft.len() {
+        let row = logits.row(first + i);
+        let generated = s.generated + i;
+        let banned: &[u32] = if generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+        let (tok, ok) = match draft.get(i) {
+            Some(&d) => s.sampler.verify(row, banned, d),
+            None => (s.sampler.sample(row, banned), false),
+        };
+        s.sampler.record(tok);
+        let lp = s.params.logprobs.map(|k| token_logprobs(row, valid_vocab, tok, k)).into_iter().collect();
+        tokens.push((tok, lp));
+        accepted += usize::from(ok);
+        // A rejection ends the draft; so does a stop id, which ends the sample.
+        if !ok || s.stop_ids.contains(&tok) {
+            break;
+        }
+    }
+    Drawn { tokens, proposed: draft.len(), accepted }
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use crate::launch::{build_core, plan, EngineConfig};
 use crate::loader::LoadedModel;
 use crate::request::{EngineEvent, FinishReason, Finished, Request, RequestParams};
+use crate::speculative::{SpecCounters, SpeculativeConfig};
 use crate::EngineError;
 
 #[derive(Debug, Clone)]
@@ -17,6 +18,8 @@ pub struct GenerateRequest {
     pub params: RequestParams,
     /// How the KV cache stores keys and values (`None`: auto, f32).
     pub kv_cache_dtype: Option<flint_model::KvCacheDtype>,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -26,16 +29,18 @@ pub struct GenerateOutcome {
     pub finished: Finished,
     pub prompt_tokens: usize,
     pub prefill_secs: f64,
-    /// Steps after the prefill (the first token comes out of the prefill itself).
+    /// Tokens after the prefill's (the first token comes out of the prefill itself).
     pub decode_steps: usize,
     pub decode_secs: f64,
+    /// Speculative decoding's acceptance, when it was on.
+    pub speculative: Option<SpecCounters>,
 }
 
 impl GenerateOutcome {
     pub fn prefill_tok_per_s(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
     }
-    /// Decode steps (one token each) per second.
+    /// Tokens after the first per second of decoding (more than one per step with speculation).
     pub fn decode_tok_per_s(&self) -> f64 {
         self.decode_steps as f64 / self.decode_secs.max(1e-9)
     }
@@ -57,7 +62,9 @@ pub fn generate(
     let mut params = req.params.clone();
     params.n = 1;
     params.max_tokens = params.max_tokens.min(model_len - prompt_len);
-    let ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens, req.kv_cache_dtype);
+    let mut ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens, req.kv_cache_dtype);
+    // Drafts stay within max_tokens (the scheduler caps them), so the pool needs nothing more.
+    ec.speculative = req.speculative.clone();
     let mut core = build_core(lm, &plan(lm, &ec)?)?;
 
     let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();
@@ -96,5 +103,6 @@ pub fn generate(
         prompt_tokens: prompt_len,
         prefill_secs,
         decode_secs: t0.elapsed().as_secs_f64() - prefill_secs,
+        speculative: core.speculative().map(|_| core.spec_counters.clone()),
     })
 }

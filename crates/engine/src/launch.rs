@@ -5,6 +5,7 @@ use crate::engine_core::{EngineCore, ModelInfo};
 use crate::loader::{available_memory, LoadedModel};
 use crate::runner::PagedModelRunner;
 use crate::scheduler::SchedulerConfig;
+use crate::speculative::SpeculativeConfig;
 use crate::EngineError;
 use flint_model::{KvCacheDtype, PagedKvCache};
 
@@ -25,6 +26,8 @@ pub struct EngineConfig {
     /// `None`: the model's own context length.
     pub max_model_len: Option<usize>,
     pub enable_prefix_caching: bool,
+    /// Speculative decoding (`--speculative-config`); `None`: off.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -37,6 +40,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             max_model_len: None,
             enable_prefix_caching: true,
+            speculative: None,
         }
     }
 }
@@ -73,6 +77,7 @@ pub struct PoolPlan {
     pub staging_bytes_per_block: usize,
     /// False for bf16/f16 compute: outputs may then vary with the batch (say so at start-up).
     pub batch_invariant: bool,
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl PoolPlan {
@@ -173,12 +178,14 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
             block_size,
             num_blocks,
             enable_prefix_caching: ec.enable_prefix_caching,
+            quantize_full_blocks: dtype == KvCacheDtype::Int8,
         },
         kv_cache_dtype: dtype,
         bytes_per_block,
         pool_bytes: num_blocks * bytes_per_block,
         staging_bytes_per_block: dtype.staging_bytes_per_block(cfg, block_size),
         batch_invariant: lm.model.is_batch_invariant(),
+        speculative: ec.speculative.clone(),
     })
 }
 
@@ -192,5 +199,7 @@ pub fn build_core(lm: &LoadedModel, plan: &PoolPlan) -> Result<EngineCore<PagedM
         eos_token_ids: lm.eos_token_ids.clone(),
     };
     let runner = PagedModelRunner { model: lm.model.clone(), cache };
-    Ok(EngineCore::new(runner, plan.sched.clone(), lm.tokenizer.clone(), info))
+    let mut core = EngineCore::new(runner, plan.sched.clone(), lm.tokenizer.clone(), info);
+    core.set_speculative(plan.speculative.clone());
+    Ok(core)
 }

@@ -16,6 +16,7 @@ pub mod request;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
 
@@ -29,3 +30,4 @@ pub use request::{EngineEvent, FinishReason, Finished, Request, RequestParams, S
 pub use runner::{ModelRunner, PagedModelRunner, StepLogits};
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{SchedulerConfig, StepPlan};
+pub use speculative::{SpecCounters, SpeculativeConfig};

@@ -8,8 +8,8 @@ use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
 use crate::scheduler::StepPlan;
 use crate::EngineError;
 
-/// Logit rows of one step, in plan order: for each chunk, every row when `all_logits`, else its
-/// last row when `sample`, else none.
+/// Logit rows of one step, in plan order: for each chunk, every row when `all_logits` or it
+/// carries a draft, else its last row when `sample`, else none.
 #[derive(Debug, Clone, Default)]
 pub struct StepLogits {
     pub width: usize,
@@ -44,7 +44,8 @@ impl ModelRunner for PagedModelRunner {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
         let mut batch = ForwardBatch::new();
         for c in &plan.chunks {
-            let rows = if c.all_logits {
+            // A draft's chunk is the pending token and the draft: every row is verified.
+            let rows = if c.all_logits || c.draft > 0 {
                 LogitsRows::All
             } else if c.sample {
                 LogitsRows::Last

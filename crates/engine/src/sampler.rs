@@ -11,6 +11,8 @@ use std::ops::ControlFlow;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod verify;
+
 /// Validated sampling settings for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

@@ -10,6 +10,12 @@
 //! and it goes back to the front of the queue, to be prefilled again (prompt and output so far)
 //! later. The oldest running sequence is never preempted for a younger one, so some sequence
 //! always advances: a request admitted because it fits the pool alone finishes.
+//!
+//! Speculative decoding: a decoding sequence may carry a draft ([`Scheduler::set_draft`]); its
+//! chunk then holds the pending token followed by as much of the draft as the budget, its limits
+//! and the pool allow, and every row of it is verified. Until the engine reports how much of the
+//! draft was accepted ([`Scheduler::accept_draft`]), only the pending token counts as computed,
+//! so the prefix cache never registers a block holding a token that was not accepted.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -23,6 +29,9 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     pub num_blocks: usize,
     pub enable_prefix_caching: bool,
+    /// The cache quantizes a block when it fills (int8): a draft must never fill one, or a
+    /// rejected token would be frozen into its codes.
+    pub quantize_full_blocks: bool,
 }
 
 impl SchedulerConfig {
@@ -91,6 +100,9 @@ pub struct ScheduledChunk {
     pub sample: bool,
     /// Every row's logits are wanted (prompt logprobs).
     pub all_logits: bool,
+    /// The last `draft` tokens are proposals to verify: every row from the pending token on is
+    /// wanted (`draft + 1` rows).
+    pub draft: usize,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,6 +133,8 @@ struct Seq {
     running: bool,
     /// Prompt tokens served from the prefix cache at first admission.
     cached_prompt_tokens: Option<usize>,
+    /// Proposed tokens to verify with the next decode step.
+    draft: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -186,7 +200,10 @@ impl Scheduler {
         let id = spec.id;
         let salt = spec.cache_salt.as_deref().map(salt_hash);
         let tokens = spec.prompt.clone();
-        self.seqs.insert(id, Seq { spec, salt, tokens, num_computed: 0, running: false, cached_prompt_tokens: None });
+        self.seqs.insert(
+            id,
+            Seq { spec, salt, tokens, num_computed: 0, running: false, cached_prompt_tokens: None, draft: Vec::new() },
+        );
         self.waiting.push_back(id);
         Ok(())
     }
@@ -209,6 +226,18 @@ impl Scheduler {
                 continue;
             }
             let end = s.num_computed + n;
+            // A draft rides along only when its blocks are free; it never costs a preemption.
+            let room = if s.tokens.len() - s.num_computed == 1 { self.draft_room(s).min(budget - 1) } else { 0 };
+            let draft: Vec<u32> = s.draft.iter().copied().take(room).collect();
+            if !draft.is_empty() && self.kv.allocate(id, end + draft.len()) {
+                self.push_chunk(&mut plan, id, n, &draft);
+                budget -= n + draft.len();
+                if let Some(s) = self.seqs.get_mut(&id) {
+                    s.draft.clear();
+                }
+                i += 1;
+                continue;
+            }
             let mut scheduled = true;
             while !self.kv.allocate(id, end) {
                 let Some(victim) = self.running.pop() else { break };
@@ -222,8 +251,11 @@ impl Scheduler {
             if !scheduled {
                 break;
             }
-            self.push_chunk(&mut plan, id, n);
+            self.push_chunk(&mut plan, id, n, &[]);
             budget -= n;
+            if let Some(s) = self.seqs.get_mut(&id) {
+                s.draft.clear();
+            }
             i += 1;
         }
         // As vLLM: no admissions in a step that had to preempt, the pool is already short.
@@ -273,23 +305,47 @@ impl Scheduler {
                 }
             }
             self.running.push(id);
-            self.push_chunk(plan, id, n);
+            self.push_chunk(plan, id, n, &[]);
             budget -= n;
         }
     }
 
-    fn push_chunk(&self, plan: &mut StepPlan, id: SeqId, n: usize) {
+    /// Most draft tokens a decode step of `s` may verify: each accepted one is an output token,
+    /// so within `max_tokens` and the model length; with a quantizing cache, never as far as the
+    /// end of the block the draft starts in.
+    fn draft_room(&self, s: &Seq) -> usize {
+        if s.draft.is_empty() {
+            return 0;
+        }
+        let generated = s.tokens.len() - s.spec.prompt.len();
+        // The verification yields up to draft + 1 tokens after the pending one.
+        let by_tokens = s.spec.max_tokens.saturating_sub(generated + 1);
+        let by_len = self.cfg.max_model_len.saturating_sub(s.tokens.len() + 1);
+        let mut room = s.draft.len().min(by_tokens).min(by_len);
+        if self.cfg.quantize_full_blocks {
+            let bs = self.cfg.block_size.max(1);
+            let first = s.num_computed + 1;
+            let block_end = (first / bs + 1) * bs;
+            room = room.min(block_end.saturating_sub(first + 1));
+        }
+        room
+    }
+
+    fn push_chunk(&self, plan: &mut StepPlan, id: SeqId, n: usize, draft: &[u32]) {
         let Some(s) = self.seqs.get(&id) else { return };
         let ctx = s.num_computed;
+        let mut tokens = s.tokens[ctx..ctx + n].to_vec();
+        tokens.extend_from_slice(draft);
         plan.chunks.push(ScheduledChunk {
             seq: id,
             context_len: ctx,
-            tokens: s.tokens[ctx..ctx + n].to_vec(),
+            tokens,
             blocks: self.kv.blocks(id).to_vec(),
             sample: ctx + n == s.tokens.len(),
             all_logits: s.spec.prompt_logprobs && ctx < s.spec.prompt.len(),
+            draft: draft.len(),
         });
-        plan.num_tokens += n;
+        plan.num_tokens += n + draft.len();
     }
 
     fn preempt(&mut self, id: SeqId) {
@@ -297,18 +353,52 @@ impl Scheduler {
         if let Some(s) = self.seqs.get_mut(&id) {
             s.num_computed = 0;
             s.running = false;
+            s.draft.clear();
         }
         self.waiting.push_front(id);
         self.stats.preemptions += 1;
     }
 
-    /// The model ran `plan`: its tokens are now in the cache.
+    /// The model ran `plan`: its tokens are now in the cache (a draft's only once accepted).
     pub fn on_step_done(&mut self, plan: &StepPlan) {
         for c in &plan.chunks {
             if let Some(s) = self.seqs.get_mut(&c.seq) {
-                s.num_computed = c.context_len + c.tokens.len();
+                s.num_computed = c.context_len + c.tokens.len() - c.draft;
                 self.kv.commit(c.seq, &s.tokens, s.num_computed);
             }
+        }
+    }
+
+    /// Whether `id` runs and has exactly one token to compute: it decodes next step.
+    pub fn is_decoding(&self, id: SeqId) -> bool {
+        self.seqs.get(&id).is_some_and(|s| s.running && s.tokens.len() == s.num_computed + 1)
+    }
+
+    /// Tokens to verify with `id`'s next decode step (replacing any earlier draft).
+    pub fn set_draft(&mut self, id: SeqId, draft: Vec<u32>) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.draft = draft;
+        }
+    }
+
+    /// The first `accepted` draft tokens of `id`'s last step were accepted (and appended, with
+    /// the target's token after them): they are computed; the cache past them is rolled back.
+    pub fn accept_draft(&mut self, id: SeqId, accepted: usize) -> Result<(), String> {
+        let Some(s) = self.seqs.get_mut(&id) else { return Ok(()) };
+        s.num_computed += accepted;
+        if s.num_computed >= s.tokens.len() {
+            return Err(format!(
+                "sequence {id}: {accepted} accepted draft tokens exceed its {} tokens",
+                s.tokens.len()
+            ));
+        }
+        self.kv.commit(id, &s.tokens, s.num_computed);
+        // Keep the blocks the next token needs; the rejected tail's go back to the pool. The
+        // partial block a draft wrote into is this sequence's own (only full blocks are
+        // shared), so the rollback never has to copy one.
+        match self.kv.truncate(id, s.tokens.len()) {
+            Some(copies) if copies.is_empty() => Ok(()),
+            _ => Err(format!("sequence {id}: rolling back a draft would have to copy a shared block")),
         }
     }
 
@@ -361,6 +451,7 @@ mod tests {
             block_size: 4,
             num_blocks: blocks,
             enable_prefix_caching: false,
+            quantize_full_blocks: false,
         }
     }
 

@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Device};
 use flint_engine::engine_core::{EventSink, ModelInfo};
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::{EngineCore, EngineEvent, PagedModelRunner, Request, RequestParams, SchedulerConfig};
+use flint_engine::{
+    EngineCore, EngineEvent, PagedModelRunner, Request, RequestParams, SamplingParams, SchedulerConfig,
+    SpeculativeConfig,
+};
 use flint_model::source::Checkpoint;
 use flint_model::{KvCacheDtype, PagedKvCache, Qwen2Model};
 
@@ -40,6 +43,7 @@ impl Setup {
             block_size: 16,
             num_blocks,
             enable_prefix_caching: true,
+            quantize_full_blocks: dtype == KvCacheDtype::Int8,
         };
         let info =
             ModelInfo { vocab_size: ck.config.vocab_size, valid_vocab: ck.config.vocab_size, eos_token_ids: vec![] };
@@ -180,4 +184,59 @@ fn invariant_for(setup: &Setup, dtype: KvCacheDtype) -> Trace {
     assert_eq!(core.scheduler().stats.prefix_hits, 16, "one shared block");
     assert_eq!(partial, alone, "{dtype}: partial cache hit");
     alone
+}
+
+/// Speculative decoding (n-gram lookup, verification of up to k tokens per step) on the real
+/// model: the greedy target's tokens and the bits of its logprobs are those of plain decoding,
+/// alone, batched with sampled requests that speculate too, and with prefill chunked small —
+/// for every KV dtype (int8: drafts never fill a block, which would quantize rejected tokens).
+#[test]
+fn speculation_changes_no_greedy_token_or_logprob() {
+    let setup = Setup::new();
+    let spec_target = || {
+        let mut r = target();
+        // A prompt that repeats, so lookup proposes from the first step.
+        r.prompt = (0..60).map(|i| prompt(1, 12)[i % 12]).collect();
+        r.params.max_tokens = 40;
+        r
+    };
+    let sampled = |i: usize| {
+        let mut r = other(i);
+        r.params.sampling =
+            SamplingParams { temperature: 0.8, top_p: 0.95, seed: Some(i as u64), ..Default::default() };
+        r.params.max_tokens = 24;
+        r
+    };
+    let run = |core: &mut EngineCore<PagedModelRunner>, others: usize| -> Trace {
+        for i in 0..others {
+            let (_, s) = sink();
+            core.add(sampled(i), s).unwrap();
+        }
+        let (log, s) = sink();
+        core.add(spec_target(), s).unwrap();
+        drain(core);
+        let t = log.lock().unwrap().clone();
+        assert_eq!(t.len(), 40);
+        t
+    };
+    let spec = SpeculativeConfig::parse(
+        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#,
+    )
+    .unwrap();
+    for dtype in [KvCacheDtype::F32, KvCacheDtype::Bf16, KvCacheDtype::Int8] {
+        let plain = run(&mut setup.core(dtype, 4096, 512), 0);
+        let (mut drafted, mut accepted) = (0, 0);
+        for (others, budget) in [(0, 4096), (5, 4096), (5, 7)] {
+            let mut core = setup.core(dtype, budget, 512);
+            core.set_speculative(Some(spec.clone()));
+            let got = run(&mut core, others);
+            assert_eq!(got, plain, "{dtype}: speculation with {others} others, budget {budget}");
+            drafted += core.spec_counters.draft_tokens;
+            accepted += core.spec_counters.accepted_tokens;
+            assert_eq!(core.scheduler().kv().pool().num_held(), 0, "{dtype}: every block returned");
+            assert_no_staging(&mut core);
+        }
+        eprintln!("{dtype}: {accepted} of {drafted} draft tokens accepted");
+        assert!(accepted > 0 && accepted < drafted, "{dtype}: both acceptance and rejection ({accepted}/{drafted})");
+    }
 }

@@ -59,6 +59,7 @@ fn prompts_and_greedy_tokens_match_transformers() {
             prompt_ids: prompt,
             params: RequestParams { max_tokens: want.len(), ignore_eos: true, ..Default::default() },
             kv_cache_dtype: None,
+            speculative: None,
         };
         let out = generate(&lm, &req, |_| {}).unwrap();
         assert_eq!(out.token_ids, want, "prompt {k}: greedy tokens differ from transformers");

@@ -54,6 +54,16 @@ struct Level {
     /// batched-decode rate, without the prefill phase that dominates short runs.
     decode_tokens_per_s: f64,
     preemptions: u64,
+    /// Speculative decoding: draft tokens proposed and accepted, and tokens per verification.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_decode: Option<SpecSummary>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct SpecSummary {
+    draft_tokens: u64,
+    accepted_tokens: u64,
+    mean_acceptance_length: f64,
 }
 
 pub fn throughput(a: ThroughputArgs) -> Result<()> {
@@ -118,7 +128,7 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
 }
 
 fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: Vec<Vec<u32>>) -> Result<Level> {
-    let mut ec = a.engine.config();
+    let mut ec = a.engine.config()?;
     ec.max_num_seqs = concurrency;
     let pool = plan(lm, &ec)?;
     if !pool.batch_invariant && concurrency == 1 {
@@ -165,6 +175,11 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
     let all_started = first.iter().map(|f| f.unwrap_or(0.0)).fold(0.0, f64::max);
     let decode_tokens: usize = arrivals.iter().filter(|(t, _)| *t > all_started).map(|(_, k)| k).sum();
     let preemptions = engine.stats().num_preemptions;
+    let spec_decode = engine.stats().spec_counters().map(|c| SpecSummary {
+        draft_tokens: c.draft_tokens,
+        accepted_tokens: c.accepted_tokens,
+        mean_acceptance_length: c.mean_acceptance_length(),
+    });
     engine.shutdown();
     Ok(Level {
         concurrency,
@@ -176,6 +191,7 @@ fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: 
         mean_ttft_s: ttft_sum / n as f64,
         decode_tokens_per_s: decode_tokens as f64 / (elapsed - all_started).max(1e-9),
         preemptions,
+        spec_decode,
     })
 }
 
@@ -192,4 +208,10 @@ fn print_level(l: &Level) {
         l.decode_tokens_per_s,
         l.preemptions
     );
+    if let Some(s) = &l.spec_decode {
+        println!(
+            "  speculative decoding: {} of {} draft tokens accepted, mean acceptance length {:.2}",
+            s.accepted_tokens, s.draft_tokens, s.mean_acceptance_length
+        );
+    }
 }

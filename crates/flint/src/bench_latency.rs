@@ -19,7 +19,7 @@ use flint_engine::{build_core, plan, EngineConfig, EngineCore, LoadedModel, Page
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine_args::KvDtypeArg;
+use crate::engine_args::{KvDtypeArg, SpeculativeArg};
 
 #[derive(clap::Args)]
 pub struct LatencyArgs {
@@ -44,6 +44,8 @@ pub struct LatencyArgs {
     block_size: Option<usize>,
     #[command(flatten)]
     kv: KvDtypeArg,
+    #[command(flatten)]
+    spec: SpeculativeArg,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Write the results as JSON too.
@@ -87,6 +89,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 || a.max_num_batched_tokens == 0 {
         bail!("--prompt-len, --gen-len, --reps and --max-num-batched-tokens must be at least 1");
     }
+    let spec = a.spec.get()?;
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
     let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
@@ -105,6 +108,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             max_num_seqs: 1,
             max_num_batched_tokens: budget,
             max_model_len: Some(tokens),
+            speculative: spec.clone(),
             ..EngineConfig::default()
         };
         let bs = ec.block_size();
@@ -153,11 +157,20 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         let (tm, ts) = mean_sd(&tg);
         println!("| {name} | pp{}{at} | {pm:.2} ± {ps:.2} |", a.prompt_len);
         println!("| {name} | tg{}{at} | {tm:.2} ± {ts:.2} |", a.gen_len);
+        if core.speculative().is_some() {
+            eprintln!("{}", core.spec_counters.log_line());
+        }
         results.push(serde_json::json!({
             "depth": depth,
             "context_prefill_s": prefill,
             "pp": {"n": a.prompt_len, "mean": pm, "sd": ps, "samples": pp},
             "tg": {"n": a.gen_len, "mean": tm, "sd": ts, "samples": tg},
+            "spec_decode": core.speculative().map(|_| serde_json::json!({
+                "drafts": core.spec_counters.drafts,
+                "draft_tokens": core.spec_counters.draft_tokens,
+                "accepted_tokens": core.spec_counters.accepted_tokens,
+                "mean_acceptance_length": core.spec_counters.mean_acceptance_length(),
+            })),
         }));
     }
     if let Some(path) = &a.json {

@@ -1,7 +1,7 @@
 //! The engine flags shared by `flint bench` and (later) `flint serve`, with vLLM's names.
 
 use anyhow::{bail, Result};
-use flint_engine::EngineConfig;
+use flint_engine::{EngineConfig, SpeculativeConfig};
 use flint_model::KvCacheDtype;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -27,11 +27,14 @@ pub struct EngineArgs {
     /// Turn off prefix caching (on by default).
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    #[command(flatten)]
+    pub spec: SpeculativeArg,
 }
 
 impl EngineArgs {
-    pub fn config(&self) -> EngineConfig {
-        EngineConfig {
+    /// The engine's configuration; a bad `--speculative-config` is an error naming its key.
+    pub fn config(&self) -> Result<EngineConfig> {
+        Ok(EngineConfig {
             block_size: self.block_size,
             kv_cache_dtype: self.kv.get(),
             kv_cache_memory: self.kv_cache_memory,
@@ -39,7 +42,24 @@ impl EngineArgs {
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
             enable_prefix_caching: !self.no_enable_prefix_caching,
-        }
+            speculative: self.spec.get()?,
+        })
+    }
+}
+
+/// `--speculative-config`, shared by every command that builds an engine.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SpeculativeArg {
+    /// Speculative decoding, as vLLM's JSON: e.g. '{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5, "disable_by_batch_size": 8}'. Off when omitted.
+    #[arg(long = "speculative-config")]
+    speculative_config: Option<String>,
+}
+
+impl SpeculativeArg {
+    /// Parsed here rather than by clap, so a bad config is the CLI's usual one-line error.
+    pub fn get(&self) -> Result<Option<SpeculativeConfig>> {
+        Ok(self.speculative_config.as_deref().map(SpeculativeConfig::parse).transpose()?)
     }
 }
 

@@ -91,6 +91,8 @@ struct GenerateArgs {
     dtype: String,
     #[command(flatten)]
     kv: engine_args::KvDtypeArg,
+    #[command(flatten)]
+    spec: engine_args::SpeculativeArg,
 }
 
 #[derive(clap::Args)]
@@ -191,6 +193,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     sampling.validate()?;
+    let speculative = a.spec.get()?;
     let dtype = match a.dtype.as_str() {
         "f32" => Some(DType::F32),
         "bf16" => Some(DType::BF16),
@@ -222,6 +225,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         prompt_ids,
         params: RequestParams { sampling, max_tokens: a.max_tokens, ignore_eos: a.ignore_eos, ..Default::default() },
         kv_cache_dtype: a.kv.get(),
+        speculative,
     };
     let stdout = std::io::stdout();
     let out = generate(&lm, &req, |piece| {
@@ -242,6 +246,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         out.token_ids.len(),
         out.finished.reason.as_str(),
     );
+    if let Some(spec) = &out.speculative {
+        eprintln!("{}", spec.log_line());
+    }
     Ok(())
 }
 

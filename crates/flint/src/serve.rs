@@ -88,7 +88,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         "f16" => Some(DType::F16),
         _ => None,
     };
-    let (model, engine_cfg) = (a.model.clone(), a.engine.config());
+    let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
     let load = move || -> Result<ServingModel, String> {
         let lm = LoadedModel::load(model.as_deref(), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
         let pool = plan(&lm, &engine_cfg).map_err(|e| e.to_string())?;
@@ -113,6 +113,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
             pool.sched.max_num_batched_tokens,
             if pool.sched.enable_prefix_caching { "on" } else { "off" }
         );
+        if let Some(s) = &pool.speculative {
+            tracing::info!(
+                "speculative decoding: n-gram lookup (window {}..={}), up to {} tokens per step{}",
+                s.prompt_lookup_min,
+                s.prompt_lookup_max,
+                s.num_speculative_tokens,
+                s.disable_by_batch_size.map_or(String::new(), |b| format!(", paused above {b} running sequences"))
+            );
+        }
         if !pool.batch_invariant {
             tracing::warn!(
                 "{:?} compute is not batch-invariant: a request's tokens may vary with its batch",

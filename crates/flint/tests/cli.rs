@@ -206,6 +206,31 @@ fn bad_cli_values_are_one_line() {
     assert_one_line_error(&o, &["temperature"]);
     let o = flint(&["synth", "--shape", "gpt-5", "--out", "/tmp/never"]);
     assert_one_line_error(&o, &["gpt-5", "qwen2.5-0.5b"]);
+    let o = flint(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--speculative-config",
+        r#"{"method": "eagle", "num_speculative_tokens": 2}"#,
+    ]);
+    assert_one_line_error(&o, &["unknown method \"eagle\"", "ngram"]);
+}
+
+/// n-gram speculation in `flint generate`: the same greedy text, and its acceptance reported.
+#[test]
+fn generate_with_ngram_speculation_keeps_the_greedy_text() {
+    let prompt = "one two three four five six seven eight one two three four five six seven eight one two";
+    let base = ["generate", "--prompt", prompt, "--max-tokens", "48", "--ignore-eos"];
+    let plain = flint(&base);
+    let mut args = base.to_vec();
+    args.extend([
+        "--speculative-config",
+        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}"#,
+    ]);
+    let spec = flint(&args);
+    assert!(spec.status.success(), "{}", stderr(&spec));
+    assert_eq!(plain.stdout, spec.stdout, "speculation changed the greedy text");
+    assert!(stderr(&spec).contains("SpecDecoding metrics: Mean acceptance length"), "{}", stderr(&spec));
 }
 
 /// `FLINT_CPU_ISA` caps the kernels' instruction set; every path computes the same bits, so the

@@ -388,3 +388,40 @@ async fn int8_kv_cache_serves_and_reports_itself() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("fp8") && err.contains("auto, f32, bf16, int8"), "{err}");
 }
+
+/// `--speculative-config` with n-gram lookup: a repetitive prompt's greedy completion is the
+/// same text as without speculation, `/metrics` reports vLLM's `spec_decode` counters with
+/// drafts accepted, and a bad config is one line at start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ngram_speculation_serves_the_same_greedy_text_and_reports_acceptance() {
+    let body = json!({"prompt": "one two three four five six seven eight one two three four five six seven eight one two",
+                      "max_tokens": 64, "ignore_eos": true, "temperature": 0});
+    let plain = start(&["--served-model-name", "demo"], None).await;
+    let (st, want) = post(&plain, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{want}");
+    drop(plain);
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}"#;
+    let s = start(&["--served-model-name", "demo", "--speculative-config", spec], None).await;
+    let (st, got) = post(&s, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{got}");
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"], "speculation changed greedy text");
+    assert_eq!(got["usage"]["completion_tokens"], 64);
+    let (_, m) = get(&s, "/metrics").await;
+    let drafts = metric(&m, "vllm:spec_decode_num_drafts_total{model_name=\"demo\"}");
+    let drafted = metric(&m, "vllm:spec_decode_num_draft_tokens_total{model_name=\"demo\"}");
+    let accepted = metric(&m, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"demo\"}");
+    let first = metric(&m, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"demo\",position=\"0\"}");
+    assert!(drafts > 0.0 && accepted > 0.0 && accepted <= drafted && first <= drafts, "{m}");
+    drop(s);
+
+    let out = flint()
+        .args(["serve", "--port", "0", "--speculative-config", r#"{"method": "ngram", "num_speculative_tokens": 0}"#])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("num_speculative_tokens") && err.lines().filter(|l| !l.trim().is_empty()).count() <= 3,
+        "{err}"
+    );
+}

@@ -29,6 +29,19 @@ use transport::TransportConfig;
 /// `shutdown_grace` to finish; those still running at the deadline end with an error their
 /// client sees (a final SSE error event and `[DONE]`, or a 503). A model that fails to load ends
 /// the server with that error.
+/// vLLM's periodic speculative-decoding line, every 10 s while drafts are being verified.
+async fn log_spec_decoding(engine: flint_engine::Engine) {
+    let mut last = 0;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        let Some(spec) = engine.stats().spec_counters() else { return };
+        if spec.drafts != last {
+            last = spec.drafts;
+            tracing::info!("{}", spec.log_line());
+        }
+    }
+}
+
 pub async fn serve<F>(cfg: ServerConfig, load: F) -> Result<(), String>
 where
     F: FnOnce() -> Result<ServingModel, String> + Send + 'static,
@@ -49,8 +62,10 @@ where
         let outcome = loading.await.unwrap_or_else(|_| Err("the model loader panicked".into()));
         match outcome {
             Ok(m) => {
+                let engine = m.engine.clone();
                 loader_state.set_model(m);
                 tracing::info!("ready: serving {} at http://{local}", loader_state.cfg.served_model_name);
+                tokio::spawn(log_spec_decoding(engine));
             }
             Err(e) => {
                 loader_state.set_failed(e.clone());

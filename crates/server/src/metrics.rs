@@ -161,6 +161,26 @@ impl Metrics {
         gauge("vllm:num_preemptions_total", "Preemptions (recompute).", "counter", st.num_preemptions as f64);
         gauge("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", st.prompt_tokens as f64);
         gauge("vllm:generation_tokens_total", "Tokens generated.", "counter", st.generation_tokens as f64);
+        if let Some(spec) = st.spec_counters() {
+            gauge(
+                "vllm:spec_decode_num_drafts_total",
+                "Verifications that carried a draft.",
+                "counter",
+                spec.drafts as f64,
+            );
+            gauge(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Draft tokens proposed.",
+                "counter",
+                spec.draft_tokens as f64,
+            );
+            gauge(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+                "counter",
+                spec.accepted_tokens as f64,
+            );
+        }
         gauge("vllm:cache_config_info", "KV-cache configuration.", "gauge", 1.0);
         if let Some(c) = cache {
             gauge(
@@ -170,6 +190,14 @@ impl Metrics {
                 c.bytes_per_token,
             );
             gauge("flint:kv_cache_capacity_tokens", "Tokens the KV pool holds.", "gauge", c.capacity_tokens as f64);
+        }
+        if let Some(spec) = st.spec_counters() {
+            let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+            let _ =
+                writeln!(out, "# HELP {name} Drafts whose token at this position was accepted.\n# TYPE {name} counter");
+            for (pos, n) in spec.accepted_per_pos.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{labels},position=\"{pos}\"}} {n}");
+            }
         }
         let Ok(m) = self.inner.lock().map(|g| g.clone()) else { return out };
         let _ = writeln!(

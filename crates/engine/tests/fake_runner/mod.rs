@@ -26,11 +26,21 @@ pub struct FakeRunner {
     pub panic_on: Option<u32>,
     /// 1 in `eos_every` contexts make EOS the most likely token (0: never).
     pub eos_every: u64,
+    /// Derive each row from the last `window` tokens only (`None`: the whole context), so greedy
+    /// output falls into cycles that n-gram lookup can predict.
+    pub window: Option<usize>,
 }
 
 impl FakeRunner {
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        Self { block_size, slots: vec![u32::MAX; num_blocks * block_size], fail_on: None, panic_on: None, eos_every: 0 }
+        Self {
+            block_size,
+            slots: vec![u32::MAX; num_blocks * block_size],
+            fail_on: None,
+            panic_on: None,
+            eos_every: 0,
+            window: None,
+        }
     }
 
     fn read(&self, blocks: &[u32], pos: usize) -> u32 {
@@ -39,7 +49,7 @@ impl FakeRunner {
 
     fn row(&self, blocks: &[u32], last: usize, out: &mut Vec<f32>) {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for p in 0..=last {
+        for p in self.window.map_or(0, |w| (last + 1).saturating_sub(w))..=last {
             h = (h ^ self.read(blocks, p) as u64).wrapping_mul(0x100_0000_01b3);
         }
         let start = out.len();
@@ -71,7 +81,7 @@ impl ModelRunner for FakeRunner {
                 self.slots[slot] = t;
             }
             let end = c.context_len + c.tokens.len();
-            if c.all_logits {
+            if c.all_logits || c.draft > 0 {
                 for p in c.context_len..end {
                     self.row(&c.blocks, p, &mut data);
                 }
@@ -95,6 +105,7 @@ pub fn config(num_blocks: usize, budget: usize, max_seqs: usize) -> SchedulerCon
         block_size: 4,
         num_blocks,
         enable_prefix_caching: true,
+        quantize_full_blocks: false,
     }
 }
 
