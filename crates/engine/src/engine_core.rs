@@ -38,6 +38,13 @@ pub struct ModelInfo {
 /// not be unique; aborting by handle can never hit someone else's request).
 pub type Handle = u64;
 
+/// Rows (decode tokens plus draft tokens) up to which a step stays cheap enough for drafts.
+/// Every row costs its share of compute, most of it the vocabulary projection (152k × hidden);
+/// on a 2-core CPU a row costs about a fifth of a one-row step of qwen2.5-0.5b, so at 16
+/// sequences the step is compute-bound and verifying drafts there measured 0.96× of plain
+/// decoding even at 97% acceptance (docs/benchmarks.md, "Speculative decoding").
+pub const SPEC_STEP_ROWS: usize = 16;
+
 /// Handles `add` assigns itself start here, apart from those the threaded engine assigns.
 const OWN_HANDLES: Handle = 1 << 63;
 
@@ -398,13 +405,19 @@ impl<R: ModelRunner> EngineCore<R> {
     }
 
     /// Propose drafts for every sample that decodes next step (speculative decoding), unless
-    /// more sequences run than `disable_by_batch_size` allows.
+    /// more sequences run than `disable_by_batch_size` allows. Each sample's draft is also held
+    /// to its share of [`SPEC_STEP_ROWS`]: verification rows are worth their compute only
+    /// while a step is bound by reading the weights.
     fn propose(&mut self) {
         let Some(cfg) = &self.speculative else { return };
-        if cfg.disable_by_batch_size.is_some_and(|b| self.scheduler.num_running() > b) {
+        let running = self.scheduler.num_running();
+        if cfg.disable_by_batch_size.is_some_and(|b| running > b) {
             return;
         }
-        let k = cfg.num_speculative_tokens;
+        let k = cfg.num_speculative_tokens.min(SPEC_STEP_ROWS.saturating_sub(running) / running.max(1));
+        if k == 0 {
+            return;
+        }
         for (&seq, s) in self.samples.iter_mut() {
             let Some(dr) = s.drafter.as_mut() else { continue };
             if !self.scheduler.is_decoding(seq) {

@@ -104,9 +104,11 @@ impl SpeculativeConfig {
 
 /// One sequence's proposer: the n-gram index over its tokens and how many tokens it proposes
 /// now. The draft length adapts to what the target accepts: it doubles (up to k) after a fully
-/// accepted draft, drops to one past the accepted prefix after a partial one, and after drafts
-/// of which nothing was accepted the sequence pauses proposing for 1, 2, 4, … up to
-/// [`MAX_BACKOFF`] steps — so a workload that never repeats pays for almost no verification rows.
+/// accepted draft and drops to one past the accepted prefix after a partial one. After a draft
+/// of which nothing was accepted, or while the acceptance rate (a moving average, halving the
+/// weight of older drafts) is below [`MIN_ACCEPTANCE`], the sequence pauses proposing for 1, 2,
+/// 4, … up to [`MAX_BACKOFF`] steps — so a workload that never or seldom repeats pays for
+/// almost no verification rows.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     index: ngram::NgramIndex,
@@ -115,10 +117,16 @@ pub struct Drafter {
     /// Steps left before the next proposal, and the pause after the next miss.
     pause: usize,
     backoff: usize,
+    /// Moving average of accepted / proposed.
+    rate: f64,
 }
 
 /// Longest pause after consecutive drafts of which nothing was accepted.
 pub const MAX_BACKOFF: usize = 64;
+/// Below this acceptance rate a draft costs more than it saves: a verification row costs about
+/// a fifth of a one-row decode step of qwen2.5-0.5b on a CPU (less for larger models), and a
+/// draft token pays off only when accepted.
+pub const MIN_ACCEPTANCE: f64 = 0.3;
 
 impl Drafter {
     pub fn new(cfg: &SpeculativeConfig) -> Self {
@@ -128,6 +136,7 @@ impl Drafter {
             len: cfg.num_speculative_tokens,
             pause: 0,
             backoff: 1,
+            rate: 1.0,
         }
     }
 
@@ -147,14 +156,20 @@ impl Drafter {
         if proposed == 0 {
             return;
         }
-        if accepted == 0 {
-            self.len = 1;
+        self.rate = 0.5 * self.rate + 0.5 * accepted as f64 / proposed as f64;
+        self.len = if accepted == 0 {
+            1
+        } else if accepted == proposed {
+            (self.len * 2).min(self.k)
+        } else {
+            (accepted + 1).min(self.k)
+        };
+        if accepted == 0 || self.rate < MIN_ACCEPTANCE {
             self.pause = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-            return;
+        } else {
+            self.backoff = 1;
         }
-        self.backoff = 1;
-        self.len = if accepted == proposed { (self.len * 2).min(self.k) } else { (accepted + 1).min(self.k) };
     }
 
     /// Tokens the next proposal may hold at most (tests and logs).
@@ -270,6 +285,14 @@ mod tests {
         assert_eq!(d.propose(&toks, 8).len(), 1);
         d.observe(1, 1);
         assert_eq!(d.draft_len(), 2);
+        // A quarter accepted, draft after draft: the average sinks below MIN_ACCEPTANCE and the
+        // pauses grow.
+        for _ in 0..4 {
+            d.observe(4, 1);
+        }
+        assert!(d.rate < MIN_ACCEPTANCE);
+        let skipped = (0..10).take_while(|_| d.propose(&toks, 8).is_empty()).count();
+        assert!(skipped >= 2, "paused {skipped} steps");
     }
 
     #[test]

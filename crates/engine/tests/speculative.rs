@@ -151,7 +151,8 @@ fn prefix_cache_after_speculation_holds_only_accepted_tokens() {
     let (log2, s) = sink();
     spec_core.add(Request { id: "b".into(), prompt: follow.clone(), params: params(1) }, s).unwrap();
     drain(&mut spec_core);
-    assert!(spec_core.scheduler().stats.prefix_hits >= 40, "{:?}", spec_core.scheduler().stats);
+    // The first request computed its 20 prompt and 19 of its 20 output tokens: 9 full blocks.
+    assert_eq!(spec_core.scheduler().stats.prefix_hits, 36, "{:?}", spec_core.scheduler().stats);
     let mut cold = core(config(512, 4096, 64));
     let (log3, s) = sink();
     cold.add(Request { id: "b".into(), prompt: follow, params: params(1) }, s).unwrap();
@@ -235,4 +236,53 @@ fn sampling_with_speculation_is_exact() {
     // 80 degrees of freedom; the 0.1% critical value of chi-square is 124.8.
     assert_eq!(cells, 81);
     assert!(x2 < 124.8, "chi-square {x2:.1} over {cells} cells: speculation changed the distribution");
+}
+
+/// EOS, `min_tokens`, stop ids, stop strings and `max_tokens` end a speculating sample exactly
+/// where they end a plain one: the same text, tokens and finish, event for event in sum.
+#[test]
+fn stops_end_speculation_where_they_end_plain_decoding() {
+    type Outcome = (Vec<u32>, String, Option<flint_engine::Finished>);
+    let run = |params: RequestParams, spec: Option<SpeculativeConfig>| -> Outcome {
+        let mut c = core(config(256, 64, 8));
+        c.runner_mut().window = Some(1);
+        c.runner_mut().eos_every = 5;
+        c.set_speculative(spec);
+        let log: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();
+        let l = log.clone();
+        c.add(
+            Request { id: "s".into(), prompt: prompt(2, 12), params },
+            Box::new(move |ev| l.lock().map(|mut v| v.push(ev)).is_ok()),
+        )
+        .unwrap();
+        drain(&mut c);
+        let mut out: Outcome = Default::default();
+        for ev in log.lock().unwrap().iter() {
+            match ev {
+                EngineEvent::Output(o) => {
+                    out.0.extend(&o.token_ids);
+                    out.1.push_str(&o.text);
+                    out.2 = o.finished.clone().or(out.2.take());
+                }
+                EngineEvent::Error(e) => panic!("{e}"),
+            }
+        }
+        out
+    };
+    let free = run(RequestParams { max_tokens: 60, ..Default::default() }, None);
+    let text_plain = run(RequestParams { max_tokens: 60, ignore_eos: true, ..Default::default() }, None).1;
+    let stop: String = text_plain.chars().skip(text_plain.chars().count() / 2).take(3).collect();
+    let cases = [
+        RequestParams { max_tokens: 60, ..Default::default() },
+        RequestParams { max_tokens: 60, min_tokens: free.0.len() + 4, ..Default::default() },
+        RequestParams { max_tokens: 60, ignore_eos: true, stop_token_ids: vec![free.0[3]], ..Default::default() },
+        RequestParams { max_tokens: 60, ignore_eos: true, stop: vec![stop.clone()], ..Default::default() },
+        RequestParams { max_tokens: 17, ignore_eos: true, ..Default::default() },
+    ];
+    for (i, params) in cases.into_iter().enumerate() {
+        let plain = run(params.clone(), None);
+        for spec in [ngram(4, 1, 2), ngram(8, 1, 1)] {
+            assert_eq!(run(params.clone(), Some(spec.clone())), plain, "case {i}, {spec:?}");
+        }
+    }
 }
