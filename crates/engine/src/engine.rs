@@ -161,6 +161,8 @@ impl Engine {
             healthy: true,
             ..Default::default()
         }));
+        // Speculation's counters exist (at zero) from the start, as vLLM exports them.
+        publish(&core, &stats);
         let alive = Arc::new(AtomicBool::new(true));
         let (s, a) = (stats.clone(), alive.clone());
         let thread = std::thread::Builder::new().name("flint-engine".into()).spawn(move || {

@@ -180,6 +180,7 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         "Starting benchmark: {} prompts, input {} / output {} tokens, model {model}",
         a.num_prompts, a.random_input_len, a.random_output_len
     );
+    let spec_before = spec_metrics(&client, &base, key.as_deref()).await;
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(prompts.len());
     for p in prompts {
@@ -206,10 +207,73 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         outcomes.push(t.await.unwrap_or_else(|e| Outcome { error: e.to_string(), ..Default::default() }));
     }
     let duration = t0.elapsed().as_secs_f64();
-    report(&a, &model, &outcomes, duration)
+    let spec = match (spec_before, spec_metrics(&client, &base, key.as_deref()).await) {
+        (Some(b), Some(e)) => Some(e.since(&b)),
+        _ => None,
+    };
+    report(&a, &model, &outcomes, duration, spec.as_ref())
 }
 
-fn report(a: &ServeBenchArgs, model: &str, outcomes: &[Outcome], duration: f64) -> Result<()> {
+/// The server's speculative-decoding counters (vLLM's names in `/metrics`), if it exposes them.
+#[derive(Debug, Clone, Default)]
+struct SpecMetrics {
+    drafts: f64,
+    draft_tokens: f64,
+    accepted: f64,
+    per_pos: Vec<f64>,
+}
+
+impl SpecMetrics {
+    fn since(&self, before: &SpecMetrics) -> SpecMetrics {
+        let per_pos =
+            self.per_pos.iter().enumerate().map(|(i, &x)| x - before.per_pos.get(i).copied().unwrap_or(0.0)).collect();
+        SpecMetrics {
+            drafts: self.drafts - before.drafts,
+            draft_tokens: self.draft_tokens - before.draft_tokens,
+            accepted: self.accepted - before.accepted,
+            per_pos,
+        }
+    }
+}
+
+async fn spec_metrics(client: &reqwest::Client, base: &str, key: Option<&str>) -> Option<SpecMetrics> {
+    let mut req = client.get(format!("{base}/metrics"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let text = req.send().await.ok()?.text().await.ok()?;
+    let mut m = SpecMetrics::default();
+    let mut seen = false;
+    for line in text.lines().filter(|l| l.starts_with("vllm:spec_decode_")) {
+        let (Some(name), Some(value)) = (line.split('{').next(), line.rsplit(' ').next()) else { continue };
+        let Ok(v) = value.parse::<f64>() else { continue };
+        seen = true;
+        match name.trim_end_matches("_total") {
+            "vllm:spec_decode_num_drafts" => m.drafts = v,
+            "vllm:spec_decode_num_draft_tokens" => m.draft_tokens = v,
+            "vllm:spec_decode_num_accepted_tokens" => m.accepted = v,
+            "vllm:spec_decode_num_accepted_tokens_per_pos" => {
+                let pos = line.split("position=\"").nth(1).and_then(|r| r.split('"').next()?.parse::<usize>().ok());
+                if let Some(p) = pos {
+                    if m.per_pos.len() <= p {
+                        m.per_pos.resize(p + 1, 0.0);
+                    }
+                    m.per_pos[p] = v;
+                }
+            }
+            _ => {}
+        }
+    }
+    seen.then_some(m)
+}
+
+fn report(
+    a: &ServeBenchArgs,
+    model: &str,
+    outcomes: &[Outcome],
+    duration: f64,
+    spec: Option<&SpecMetrics>,
+) -> Result<()> {
     let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok).collect();
     let completed = ok.len();
     let total_input = completed * a.random_input_len;
@@ -265,6 +329,17 @@ fn report(a: &ServeBenchArgs, model: &str, outcomes: &[Outcome], duration: f64) 
         line(&format!("Median {short} (ms):"), format!("{:.2}", ms(median)));
         line(&format!("P99 {short} (ms):"), format!("{:.2}", ms(p99)));
     }
+    if let Some(s) = spec {
+        // vLLM's block, from the server's counters over this run.
+        println!("{:-^50}", "Speculative Decoding");
+        line("Acceptance rate (%):", format!("{:.2}", 100.0 * s.accepted / s.draft_tokens.max(1.0)));
+        line("Acceptance length:", format!("{:.2}", 1.0 + s.accepted / s.drafts.max(1.0)));
+        line("Drafts:", format!("{}", s.drafts));
+        line("Draft tokens:", format!("{}", s.draft_tokens));
+        line("Accepted tokens:", format!("{}", s.accepted));
+        let per: Vec<String> = s.per_pos.iter().map(|&x| format!("{:.2}", 100.0 * x / s.drafts.max(1.0))).collect();
+        line("Per-position acceptance (%):", per.join(", "));
+    }
     println!("{}", "=".repeat(50));
     if let Some(e) = outcomes.iter().find(|o| !o.ok) {
         eprintln!("first failure: {}", e.error);
@@ -292,6 +367,10 @@ fn report(a: &ServeBenchArgs, model: &str, outcomes: &[Outcome], duration: f64) 
             "ttfts": ok.iter().map(|o| o.ttft).collect::<Vec<_>>(),
             "itls": ok.iter().map(|o| o.itl.clone()).collect::<Vec<_>>(),
             "errors": outcomes.iter().map(|o| o.error.clone()).collect::<Vec<_>>(),
+            "spec_decode": spec.map(|s| json!({
+                "drafts": s.drafts, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted,
+                "accepted_per_pos": s.per_pos,
+            })),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -412,6 +412,15 @@ async fn ngram_speculation_serves_the_same_greedy_text_and_reports_acceptance() 
     let accepted = metric(&m, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"demo\"}");
     let first = metric(&m, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"demo\",position=\"0\"}");
     assert!(drafts > 0.0 && accepted > 0.0 && accepted <= drafted && first <= drafts, "{m}");
+    // `bench serve` reports the counters over its run, as vLLM's does.
+    let out = flint()
+        .args(["bench", "serve", "--base-url", &s.base, "--num-prompts", "2", "--random-input-len", "16"])
+        .args(["--random-output-len", "24"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("Speculative Decoding") && text.contains("Acceptance length:"), "{text}");
     drop(s);
 
     let out = flint()
