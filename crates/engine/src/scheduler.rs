@@ -541,6 +541,52 @@ mod tests {
     }
 
     #[test]
+    fn drafts_ride_decodes_within_limits_and_roll_back() {
+        let mut s = Scheduler::new(cfg(100, 100));
+        s.add(spec(1, 6, 6)).unwrap();
+        let p = s.schedule();
+        finish_step(&mut s, &p);
+        assert!(s.is_decoding(1));
+        // max_tokens 6, one generated: a verification may yield 5 more, so 4 draft tokens.
+        s.set_draft(1, vec![11, 12, 13, 14, 15, 16]);
+        let p = s.schedule();
+        assert_eq!(shape(&p), vec![(1, 6, 5, true)]);
+        assert_eq!((p.chunks[0].draft, &p.chunks[0].tokens[1..]), (4, &[11, 12, 13, 14][..]));
+        assert_eq!(p.chunks[0].blocks.len(), 3, "blocks for positions up to 10");
+        s.on_step_done(&p);
+        assert_eq!(s.seqs[&1].num_computed, 7, "only the pending token counts as computed");
+        // Two accepted, then the target's own token.
+        for t in [11, 12, 40] {
+            s.append_token(1, t);
+        }
+        s.accept_draft(1, 2).unwrap();
+        assert_eq!(s.seqs[&1].num_computed, 9);
+        assert_eq!(s.kv().blocks(1).len(), 3, "blocks for the 10 tokens");
+        s.check().unwrap();
+        // 4 of 6 generated: a verification may yield 2 more, so one draft token of three.
+        s.set_draft(1, vec![50, 51, 52]);
+        let p = s.schedule();
+        assert_eq!((p.chunks[0].draft, p.chunks[0].tokens.len()), (1, 2));
+
+        // A quantizing cache: drafts stop short of filling the block they start in.
+        let mut s = Scheduler::new(SchedulerConfig { quantize_full_blocks: true, ..cfg(100, 100) });
+        s.add(spec(2, 5, 50)).unwrap();
+        let p = s.schedule();
+        finish_step(&mut s, &p);
+        s.set_draft(2, vec![1; 8]);
+        let p = s.schedule();
+        // Pending token at 5, drafts from 6: position 7 would fill block 1, so one draft only.
+        assert_eq!(p.chunks[0].draft, 1);
+        // And the token budget counts drafts.
+        let mut s = Scheduler::new(cfg(3, 100));
+        s.add(spec(3, 2, 50)).unwrap();
+        let p = s.schedule();
+        finish_step(&mut s, &p);
+        s.set_draft(3, vec![1; 8]);
+        assert_eq!(s.schedule().chunks[0].draft, 2);
+    }
+
+    #[test]
     fn prefix_hit_skips_cached_blocks_and_siblings_wait_for_the_leader() {
         let mut s = Scheduler::new(SchedulerConfig { enable_prefix_caching: true, ..cfg(6, 100) });
         s.add(spec(1, 10, 4)).unwrap();
