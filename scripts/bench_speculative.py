@@ -13,7 +13,11 @@ Prints a markdown section:
 - 4 and 16 parallel sequences (`flint bench throughput`, random prompts, greedy): the decode
   phase with and without speculation.
 
-`--sections single,parallel` picks what runs.
+- with `--draft D.gguf`: single stream, greedy, the model proposed for by the draft model D
+  (e.g. the Q4_0 copy of a Q8_0 target: `flint synth --shape qwen2.5-1.5b --gguf q8_0` and
+  `--gguf q4_0` give the same random weights in both), k = 2, 4, 8, and the draft alone.
+
+`--sections single,parallel,draft` picks what runs.
 """
 
 import argparse
@@ -95,6 +99,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--sections", default="single,parallel")
+    ap.add_argument("--draft", help="a draft model for --model (the draft section)")
     ap.add_argument("--parallel", type=int, nargs="+", default=[4, 16])
     a = ap.parse_args()
     sections = a.sections.split(",")
@@ -118,6 +123,21 @@ def main():
         section(title, [(n, runs[n]) for n, _ in cfgs], a.reps)
         print(f"\nOutput identical in every configuration: {'yes' if same else 'NO'}.")
 
+    if "draft" in sections and a.draft:
+        def draft(k):
+            return json.dumps({"method": "draft_model", "model": a.draft, "num_speculative_tokens": k})
+        cfgs = [("plain", None), ("draft k=2", draft(2)), ("draft k=4", draft(4)), ("draft k=8", draft(8))]
+        runs = {name: [] for name, _ in cfgs}
+        texts = {}
+        for r in range(a.reps):
+            for name, spec in ordered(cfgs, r):
+                rate, acc, text = generate(a.flint, a.model, PLAIN_PROMPT, spec, a.max_tokens, [])
+                runs[name].append((rate, acc))
+                texts.setdefault(name, text)
+        alone = [generate(a.flint, a.draft, PLAIN_PROMPT, None, a.max_tokens, [])[0] for _ in range(a.reps)]
+        section("Single stream, greedy, with a draft model", [(n, runs[n]) for n, _ in cfgs], a.reps)
+        print(f"\nOutput identical in every configuration: {'yes' if len(set(texts.values())) == 1 else 'NO'}.")
+        print(f"The draft model alone: {statistics.median(alone):.1f} tok/s (median of {', '.join(f'{x:.1f}' for x in alone)}).")
     if "parallel" in sections:
         for n in a.parallel:
             parallel(a, n)

@@ -13,10 +13,10 @@ use crate::kv_manager::SeqId;
 use crate::request::{
     EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch, MAX_LOGPROBS, MAX_N,
 };
-use crate::runner::{ModelRunner, StepLogits};
+use crate::runner::{DraftRequest, ModelRunner, StepLogits};
 use crate::sampler::{token_logprobs, Sampler, TokenLogprobs};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqSpec, StepPlan};
-use crate::speculative::{Drafter, SpecCounters, SpeculativeConfig};
+use crate::speculative::{Drafter, SpecCounters, SpecMethod, SpeculativeConfig};
 use crate::stop::StopStrings;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
@@ -418,6 +418,9 @@ impl<R: ModelRunner> EngineCore<R> {
         if k == 0 {
             return;
         }
+        if cfg.method == SpecMethod::DraftModel {
+            return self.propose_with_draft_model(k);
+        }
         for (&seq, s) in self.samples.iter_mut() {
             let Some(dr) = s.drafter.as_mut() else { continue };
             if !self.scheduler.is_decoding(seq) {
@@ -426,6 +429,46 @@ impl<R: ModelRunner> EngineCore<R> {
             let draft = dr.propose(self.scheduler.tokens(seq), k);
             if !draft.is_empty() {
                 self.scheduler.set_draft(seq, draft);
+            }
+        }
+    }
+
+    /// The draft model proposes for every decoding sample at once (one batched pass per token);
+    /// each gets blocks for its proposal first. A failing draft pass ends those requests, as a
+    /// failing step would.
+    fn propose_with_draft_model(&mut self, k: usize) {
+        let mut reqs = Vec::new();
+        for (&seq, s) in self.samples.iter_mut() {
+            let Some(dr) = s.drafter.as_mut() else { continue };
+            if !self.scheduler.is_decoding(seq) {
+                continue;
+            }
+            let want = dr.next_len(k);
+            let room = self.scheduler.reserve_draft(seq, want);
+            let tokens = self.scheduler.tokens(seq);
+            if let (true, Some(&token)) = (room > 0, tokens.last()) {
+                let (position, blocks) = (tokens.len() - 1, self.scheduler.kv().blocks(seq).to_vec());
+                reqs.push(DraftRequest { seq, position, token, blocks, k: room });
+            }
+        }
+        if reqs.is_empty() {
+            return;
+        }
+        reqs.sort_by_key(|r| r.seq);
+        let result = catch_unwind(AssertUnwindSafe(|| self.runner.propose(&reqs)))
+            .unwrap_or_else(|_| Err(EngineError::Internal("the draft model panicked".into())));
+        match result {
+            Ok(drafts) => {
+                for (r, d) in reqs.iter().zip(drafts) {
+                    self.scheduler.set_draft(r.seq, d);
+                }
+            }
+            Err(e) => {
+                let groups: Vec<Handle> =
+                    reqs.iter().filter_map(|r| self.samples.get(&r.seq).map(|s| s.group)).collect();
+                for g in groups {
+                    self.fail_group(g, &format!("the draft model failed: {e}"));
+                }
             }
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::launch::{build_core, plan, EngineConfig};
+use crate::launch::{build_core, draft_kv_dtype, load_draft, plan, EngineConfig};
 use crate::loader::LoadedModel;
 use crate::request::{EngineEvent, FinishReason, Finished, Request, RequestParams};
 use crate::speculative::{SpecCounters, SpeculativeConfig};
@@ -63,9 +63,17 @@ pub fn generate(
     params.n = 1;
     params.max_tokens = params.max_tokens.min(model_len - prompt_len);
     let mut ec = EngineConfig::single_request(lm, prompt_len + params.max_tokens, req.kv_cache_dtype);
-    // Drafts stay within max_tokens (the scheduler caps them), so the pool needs nothing more.
+    // Drafts stay within max_tokens (the scheduler caps them), so the pool needs no more blocks;
+    // a draft model's cache shares them and takes its own bytes per block.
     ec.speculative = req.speculative.clone();
-    let mut core = build_core(lm, &plan(lm, &ec)?)?;
+    let draft = load_draft(lm, &ec)?;
+    if let Some(d) = &draft {
+        let bs = ec.block_size();
+        let blocks = (prompt_len + params.max_tokens).div_ceil(bs);
+        let extra = blocks * draft_kv_dtype(ec.dtype()).bytes_per_block(d.model.config(), bs);
+        ec.kv_cache_memory = ec.kv_cache_memory.map(|b| b + extra);
+    }
+    let mut core = build_core(lm, draft.as_ref(), &plan(lm, draft.as_ref(), &ec)?)?;
 
     let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();
     let sink_events = events.clone();

@@ -3,7 +3,7 @@
 
 use crate::engine_core::{EngineCore, ModelInfo};
 use crate::loader::{available_memory, LoadedModel};
-use crate::runner::PagedModelRunner;
+use crate::runner::{DraftModel, PagedModelRunner};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::SpeculativeConfig;
 use crate::EngineError;
@@ -78,6 +78,8 @@ pub struct PoolPlan {
     /// False for bf16/f16 compute: outputs may then vary with the batch (say so at start-up).
     pub batch_invariant: bool,
     pub speculative: Option<SpeculativeConfig>,
+    /// With a draft model: its share of `bytes_per_block` (its own cache over the same blocks).
+    pub draft_bytes_per_block: usize,
 }
 
 impl PoolPlan {
@@ -112,8 +114,17 @@ impl PoolPlan {
         } else {
             String::new()
         };
+        let draft = if self.draft_bytes_per_block > 0 {
+            format!(
+                " (the draft model's {} cache included: {:.1} bytes/token)",
+                draft_kv_dtype(self.kv_cache_dtype),
+                self.draft_bytes_per_block as f64 / self.sched.block_size.max(1) as f64
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "KV cache {} | {:.1} bytes/token | {} blocks x {} tokens = {} tokens ({:.1} MiB){staging}",
+            "KV cache {} | {:.1} bytes/token{draft} | {} blocks x {} tokens = {} tokens ({:.1} MiB){staging}",
             self.kv_cache_dtype,
             self.bytes_per_token(),
             self.sched.num_blocks,
@@ -135,8 +146,39 @@ pub struct CacheInfo {
     pub prefix_caching: bool,
 }
 
-/// Size the pool and the limits for `lm` under `ec`.
-pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError> {
+/// The draft model's cache stores what the target's does, except that an int8 target gets a bf16
+/// draft cache: proposing writes positions that the next step writes again, which a cache that
+/// quantizes blocks as they fill cannot take.
+pub fn draft_kv_dtype(target: KvCacheDtype) -> KvCacheDtype {
+    match target {
+        KvCacheDtype::Int8 => KvCacheDtype::Bf16,
+        other => other,
+    }
+}
+
+/// The draft model `ec`'s speculative config names, loaded and checked against `lm`: the same
+/// vocabulary and tokenizer, or an error naming what differs.
+pub fn load_draft(lm: &LoadedModel, ec: &EngineConfig) -> Result<Option<LoadedModel>, EngineError> {
+    let Some(path) = ec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) else { return Ok(None) };
+    let draft = LoadedModel::load(Some(path), &candle_core::Device::Cpu, None)?;
+    let bad = |m: String| Err(EngineError::InvalidRequest(format!("--speculative-config: the draft model {path} {m}")));
+    let (t, d) = (lm.model.config().vocab_size, draft.model.config().vocab_size);
+    if t != d {
+        return bad(format!("has {d} vocabulary rows and the target {t}: a draft must share the target's vocabulary"));
+    }
+    let (t, d) = (lm.valid_vocab(), draft.valid_vocab());
+    if t != d {
+        return bad(format!("has a tokenizer of {d} tokens and the target one of {t}: they must be the same"));
+    }
+    let probe = "Hello, world! 你好 — def f(x):\n    return x ** 2  # ünïcödé";
+    if lm.tokenizer.encode(probe, false)? != draft.tokenizer.encode(probe, false)? {
+        return bad("tokenizes text differently from the target: they must share a tokenizer".into());
+    }
+    Ok(Some(draft))
+}
+
+/// Size the pool and the limits for `lm` (and its draft model, if any) under `ec`.
+pub fn plan(lm: &LoadedModel, draft: Option<&LoadedModel>, ec: &EngineConfig) -> Result<PoolPlan, EngineError> {
     let cfg = lm.model.config();
     let bad = |m: String| Err(EngineError::InvalidRequest(m));
     let (dtype, block_size) = (ec.dtype(), ec.block_size());
@@ -155,7 +197,13 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
         Some(l) => l,
         None => model_len,
     };
-    let bytes_per_block = dtype.bytes_per_block(cfg, block_size);
+    let wants_draft = ec.speculative.as_ref().is_some_and(|s| s.draft_model.is_some());
+    if wants_draft != draft.is_some() {
+        return Err(EngineError::Internal("the draft model must be loaded exactly when the config names one".into()));
+    }
+    let draft_bytes_per_block =
+        draft.map_or(0, |d| draft_kv_dtype(dtype).bytes_per_block(d.model.config(), block_size));
+    let bytes_per_block = dtype.bytes_per_block(cfg, block_size) + draft_bytes_per_block;
     let useful = ec.max_num_seqs.saturating_mul(max_model_len.div_ceil(block_size)).saturating_mul(bytes_per_block);
     let pool_bytes = match ec.kv_cache_memory {
         Some(b) => b,
@@ -186,19 +234,38 @@ pub fn plan(lm: &LoadedModel, ec: &EngineConfig) -> Result<PoolPlan, EngineError
         staging_bytes_per_block: dtype.staging_bytes_per_block(cfg, block_size),
         batch_invariant: lm.model.is_batch_invariant(),
         speculative: ec.speculative.clone(),
+        draft_bytes_per_block,
     })
 }
 
-/// An engine core over `lm`'s model with a fresh pool as planned.
-pub fn build_core(lm: &LoadedModel, plan: &PoolPlan) -> Result<EngineCore<PagedModelRunner>, EngineError> {
+/// An engine core over `lm`'s model (and `draft`'s, for speculative decoding) with fresh pools
+/// as planned.
+pub fn build_core(
+    lm: &LoadedModel,
+    draft: Option<&LoadedModel>,
+    plan: &PoolPlan,
+) -> Result<EngineCore<PagedModelRunner>, EngineError> {
     let cfg = lm.model.config();
     let cache = PagedKvCache::new(cfg, plan.kv_cache_dtype, plan.sched.block_size, plan.sched.num_blocks)?;
+    let draft = match draft {
+        Some(d) => Some(DraftModel {
+            model: d.model.clone(),
+            cache: PagedKvCache::new(
+                d.model.config(),
+                draft_kv_dtype(plan.kv_cache_dtype),
+                plan.sched.block_size,
+                plan.sched.num_blocks,
+            )?,
+            valid_vocab: d.valid_vocab(),
+        }),
+        None => None,
+    };
     let info = ModelInfo {
         vocab_size: cfg.vocab_size,
         valid_vocab: lm.valid_vocab(),
         eos_token_ids: lm.eos_token_ids.clone(),
     };
-    let runner = PagedModelRunner { model: lm.model.clone(), cache };
+    let runner = PagedModelRunner { model: lm.model.clone(), cache, draft };
     let mut core = EngineCore::new(runner, plan.sched.clone(), lm.tokenizer.clone(), info);
     core.set_speculative(plan.speculative.clone());
     Ok(core)

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
 
+use crate::kv_manager::SeqId;
+use crate::sampler::argmax;
 use crate::scheduler::StepPlan;
 use crate::EngineError;
 
@@ -32,12 +34,42 @@ pub trait ModelRunner: Send {
     /// Forget whatever is kept for `blocks`, which no sequence holds any more (called with each
     /// plan's `freed_blocks` before it runs).
     fn release(&mut self, _blocks: &[u32]) {}
+
+    /// A draft model's greedy proposals, one list per request (speculative decoding with
+    /// `draft_model`); runners without a draft propose nothing.
+    fn propose(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, EngineError> {
+        Ok(vec![Vec::new(); reqs.len()])
+    }
 }
 
-/// Qwen2 over the paged KV cache.
+/// One sequence's proposal: its pending token sits at `position` (everything before it is in the
+/// cache); propose `k` tokens to follow it. `blocks` covers positions up to `position + k`.
+#[derive(Debug, Clone)]
+pub struct DraftRequest {
+    pub seq: SeqId,
+    pub position: usize,
+    pub token: u32,
+    pub blocks: Vec<u32>,
+    pub k: usize,
+}
+
+/// The draft of speculative decoding: its own weights and its own paged cache over the same
+/// block tables as the target's (so prefix hits, preemption and rollback hold for both). It runs
+/// every chunk the target runs, without logits, so its cache holds every position the target's
+/// does; proposing writes the pending token and the proposals after it, so of the next step's
+/// verification chunk it only has the last token left to write.
+pub struct DraftModel {
+    pub model: Arc<Qwen2Model>,
+    pub cache: PagedKvCache,
+    /// Ids the draft may propose (the tokenizer's, shared with the target).
+    pub valid_vocab: usize,
+}
+
+/// Qwen2 over the paged KV cache, with a draft model when speculative decoding uses one.
 pub struct PagedModelRunner {
     pub model: Arc<Qwen2Model>,
     pub cache: PagedKvCache,
+    pub draft: Option<DraftModel>,
 }
 
 impl ModelRunner for PagedModelRunner {
@@ -56,10 +88,54 @@ impl ModelRunner for PagedModelRunner {
         }
         let width = self.model.config().vocab_size;
         let data = self.model.forward_logits(&batch, &mut self.cache)?.unwrap_or_default();
+        if let Some(d) = self.draft.as_mut() {
+            let mut mirror = ForwardBatch::new();
+            for c in &plan.chunks {
+                // A verification chunk is the pending token and the draft's own proposals, which
+                // proposing already wrote at these positions but the last: only that one is new.
+                let skip = if c.draft > 0 { c.tokens.len() - 1 } else { 0 };
+                let (at, tokens) = (c.context_len + skip, &c.tokens[skip..]);
+                mirror.push_paged(c.seq as usize, at, tokens, LogitsRows::None, c.blocks.clone());
+            }
+            d.model.forward_logits(&mirror, &mut d.cache)?;
+        }
         Ok(StepLogits { width, data })
     }
 
     fn release(&mut self, blocks: &[u32]) {
         self.cache.release(blocks);
+        if let Some(d) = self.draft.as_mut() {
+            d.cache.release(blocks);
+        }
+    }
+
+    fn propose(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, EngineError> {
+        let mut out = vec![Vec::new(); reqs.len()];
+        let Some(d) = self.draft.as_mut() else { return Ok(out) };
+        let width = d.model.config().vocab_size;
+        let mut next: Vec<u32> = reqs.iter().map(|r| r.token).collect();
+        // One pass per proposed token, every sequence still proposing in the same batch.
+        for i in 0..reqs.iter().map(|r| r.k).max().unwrap_or(0) {
+            let mut batch = ForwardBatch::new();
+            let live: Vec<usize> = (0..reqs.len()).filter(|&j| i < reqs[j].k).collect();
+            for &j in &live {
+                let r = &reqs[j];
+                batch.push_paged(r.seq as usize, r.position + i, &next[j..j + 1], LogitsRows::Last, r.blocks.clone());
+            }
+            let logits = d.model.forward_logits(&batch, &mut d.cache)?.unwrap_or_default();
+            if logits.len() != live.len() * width {
+                return Err(EngineError::Internal(format!(
+                    "the draft returned {} logits for {} rows of {width}",
+                    logits.len(),
+                    live.len()
+                )));
+            }
+            for (row, &j) in live.iter().enumerate() {
+                let t = argmax(&logits[row * width..][..d.valid_vocab.min(width)]);
+                out[j].push(t);
+                next[j] = t;
+            }
+        }
+        Ok(out)
     }
 }

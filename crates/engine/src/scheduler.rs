@@ -314,14 +314,18 @@ impl Scheduler {
     /// so within `max_tokens` and the model length; with a quantizing cache, never as far as the
     /// end of the block the draft starts in.
     fn draft_room(&self, s: &Seq) -> usize {
-        if s.draft.is_empty() {
+        self.room_for(s, s.draft.len())
+    }
+
+    fn room_for(&self, s: &Seq, want: usize) -> usize {
+        if want == 0 {
             return 0;
         }
         let generated = s.tokens.len() - s.spec.prompt.len();
         // The verification yields up to draft + 1 tokens after the pending one.
         let by_tokens = s.spec.max_tokens.saturating_sub(generated + 1);
         let by_len = self.cfg.max_model_len.saturating_sub(s.tokens.len() + 1);
-        let mut room = s.draft.len().min(by_tokens).min(by_len);
+        let mut room = want.min(by_tokens).min(by_len);
         if self.cfg.quantize_full_blocks {
             let bs = self.cfg.block_size.max(1);
             let first = s.num_computed + 1;
@@ -372,6 +376,19 @@ impl Scheduler {
     /// Whether `id` runs and has exactly one token to compute: it decodes next step.
     pub fn is_decoding(&self, id: SeqId) -> bool {
         self.seqs.get(&id).is_some_and(|s| s.running && s.tokens.len() == s.num_computed + 1)
+    }
+
+    /// How many of `want` draft tokens `id`'s next decode step could verify (its limits, as for
+    /// [`Scheduler::set_draft`]), with blocks for them taken now: a draft model writes them into
+    /// the cache as it proposes. 0 when the pool is short.
+    pub fn reserve_draft(&mut self, id: SeqId, want: usize) -> usize {
+        let Some(s) = self.seqs.get(&id) else { return 0 };
+        let room = self.room_for(s, want);
+        let end = s.tokens.len() + room;
+        if room == 0 || !self.kv.allocate(id, end) {
+            return 0;
+        }
+        room
     }
 
     /// Tokens to verify with `id`'s next decode step (replacing any earlier draft).

@@ -2,8 +2,9 @@
 //! each sequence's proposer state with its adaptive draft length, and the acceptance counters
 //! behind `vllm:spec_decode_*`.
 //!
-//! The flow of one speculating sequence: after a step, its [`Drafter`] proposes up to `k` tokens
-//! (here by n-gram lookup over its own prompt and output, [`ngram`]); the scheduler appends them
+//! The flow of one speculating sequence: after a step, up to `k` tokens are proposed (by n-gram
+//! lookup over its own prompt and output, [`ngram`], or by the runner's draft model, the
+//! [`Drafter`] choosing how many); the scheduler appends them
 //! to the sequence's next decode chunk; the model computes every row of that chunk; the engine
 //! verifies the proposals row by row against the target's own sampling
 //! ([`crate::sampler::Sampler::verify`]) and keeps the accepted prefix plus one token from the
@@ -18,9 +19,11 @@ use crate::EngineError;
 /// How proposals are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpecMethod {
-    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
-    /// last n tokens.
+    /// Prompt lookup: the tokens that followed an earlier occurrence of the sequence's last n
+    /// tokens.
     Ngram,
+    /// A smaller (or more quantized) model with the same tokenizer proposes greedily.
+    DraftModel,
 }
 
 /// A validated `--speculative-config`.
@@ -34,6 +37,8 @@ pub struct SpeculativeConfig {
     pub prompt_lookup_max: usize,
     /// Speculation pauses while more sequences than this run (`None`: never).
     pub disable_by_batch_size: Option<usize>,
+    /// The draft model (`draft_model`): a local directory, GGUF file or hub id.
+    pub draft_model: Option<String>,
 }
 
 /// Most tokens one step may propose per sequence (each costs a row of verification).
@@ -58,16 +63,18 @@ impl SpeculativeConfig {
     pub fn parse(json: &str) -> Result<Self, EngineError> {
         let bad = |m: String| EngineError::InvalidRequest(format!("--speculative-config: {m}"));
         let raw: RawConfig = serde_json::from_str(json).map_err(|e| bad(format!("not a valid config object: {e}")))?;
+        // As vLLM: without a method, a model means a draft model and no model means n-gram.
         let method = match (raw.method.as_deref(), raw.model.as_deref()) {
             (Some("ngram"), None) | (None, None) => SpecMethod::Ngram,
             (Some("ngram"), Some(_)) => return Err(bad("\"model\" is not used by method \"ngram\"; remove it".into())),
-            (Some("draft_model"), _) | (None, Some(_)) => {
+            (Some("draft_model"), Some(_)) | (None, Some(_)) => SpecMethod::DraftModel,
+            (Some("draft_model"), None) => {
                 return Err(bad(
-                    "method \"draft_model\" is not available in this build of flint yet; use \"ngram\"".into()
+                    "method \"draft_model\" needs \"model\": the draft's directory, GGUF file or hub id".into()
                 ))
             }
             (Some(other), _) => {
-                return Err(bad(format!("unknown method {other:?}; flint supports \"ngram\"")));
+                return Err(bad(format!("unknown method {other:?}; flint supports \"ngram\" and \"draft_model\"")));
             }
         };
         let k = raw.num_speculative_tokens.ok_or_else(|| bad("\"num_speculative_tokens\" is required".into()))?;
@@ -98,6 +105,7 @@ impl SpeculativeConfig {
             prompt_lookup_min: min,
             prompt_lookup_max: max,
             disable_by_batch_size: raw.disable_by_batch_size,
+            draft_model: raw.model.filter(|_| method == SpecMethod::DraftModel),
         })
     }
 }
@@ -111,7 +119,8 @@ impl SpeculativeConfig {
 /// almost no verification rows.
 #[derive(Debug, Clone)]
 pub struct Drafter {
-    index: ngram::NgramIndex,
+    /// N-gram lookup's index (`None` with a draft model, which proposes in the runner).
+    index: Option<ngram::NgramIndex>,
     k: usize,
     len: usize,
     /// Steps left before the next proposal, and the pause after the next miss.
@@ -131,7 +140,8 @@ pub const MIN_ACCEPTANCE: f64 = 0.3;
 impl Drafter {
     pub fn new(cfg: &SpeculativeConfig) -> Self {
         Self {
-            index: ngram::NgramIndex::new(cfg.prompt_lookup_min, cfg.prompt_lookup_max),
+            index: (cfg.method == SpecMethod::Ngram)
+                .then(|| ngram::NgramIndex::new(cfg.prompt_lookup_min, cfg.prompt_lookup_max)),
             k: cfg.num_speculative_tokens,
             len: cfg.num_speculative_tokens,
             pause: 0,
@@ -143,12 +153,22 @@ impl Drafter {
     /// Up to `limit` proposed tokens to follow `tokens` (the sequence's prompt and output so
     /// far, of which the index has seen any prefix). Empty when pausing or nothing matches.
     pub fn propose(&mut self, tokens: &[u32], limit: usize) -> Vec<u32> {
-        self.index.extend(tokens);
+        let Some(index) = self.index.as_mut() else { return Vec::new() };
+        index.extend(tokens);
         if self.pause > 0 {
             self.pause -= 1;
             return Vec::new();
         }
-        self.index.propose(tokens, self.len.min(limit))
+        index.propose(tokens, self.len.min(limit))
+    }
+
+    /// How many tokens a draft model should propose now (at most `limit`; 0 while pausing).
+    pub fn next_len(&mut self, limit: usize) -> usize {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return 0;
+        }
+        self.len.min(limit)
     }
 
     /// The target accepted `accepted` of the `proposed` tokens of this sequence's last draft.
@@ -257,7 +277,9 @@ mod tests {
         assert!(err(r#"{"method": "ngram"}"#).contains("num_speculative_tokens"));
         assert!(err(r#"{"method": "ngram", "num_speculative_tokens": 0}"#).contains("between 1 and"));
         assert!(err(r#"{"method": "eagle", "num_speculative_tokens": 2}"#).contains("unknown method \"eagle\""));
-        assert!(err(r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}"#).contains("draft_model"));
+        assert!(err(r#"{"method": "draft_model", "num_speculative_tokens": 2}"#).contains("needs \"model\""));
+        let c = SpeculativeConfig::parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3}"#).unwrap();
+        assert_eq!((c.method, c.draft_model.as_deref()), (SpecMethod::DraftModel, Some("d.gguf")));
         assert!(err(r#"{"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}"#)
             .contains("prompt_lookup_min"));
         assert!(err(r#"{"num_speculative_tokens": 2, "typo": 1}"#).contains("typo"));

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use flint_engine::{build_core, plan, Engine, EngineEvent, LoadedModel, Request, RequestParams};
+use flint_engine::{build_core, load_draft, plan, Engine, EngineEvent, LoadedModel, Request, RequestParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -130,11 +130,12 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
 fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: Vec<Vec<u32>>) -> Result<Level> {
     let mut ec = a.engine.config()?;
     ec.max_num_seqs = concurrency;
-    let pool = plan(lm, &ec)?;
+    let draft = load_draft(lm, &ec)?;
+    let pool = plan(lm, draft.as_ref(), &ec)?;
     if !pool.batch_invariant && concurrency == 1 {
         eprintln!("warning: {:?} compute is not batch-invariant: outputs may vary with the batch", lm.model.dtype());
     }
-    let engine = Engine::start(build_core(lm, &pool)?);
+    let engine = Engine::start(build_core(lm, draft.as_ref(), &pool)?);
     let n = prompts.len();
     let params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };
     let t0 = Instant::now();

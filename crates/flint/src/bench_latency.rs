@@ -15,7 +15,10 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::Device;
 use flint_engine::engine_core::EventSink;
-use flint_engine::{build_core, plan, EngineConfig, EngineCore, LoadedModel, PagedModelRunner, Request, RequestParams};
+use flint_engine::{
+    build_core, draft_kv_dtype, load_draft, plan, EngineConfig, EngineCore, LoadedModel, PagedModelRunner, Request,
+    RequestParams,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -97,6 +100,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     let model_len = lm.model.config().max_context_len();
     // One engine per depth, its pool sized for the context plus either test, with two blocks to
     // spare so the context's cached blocks are never evicted by a test's own.
+    let draft = load_draft(&lm, &EngineConfig { speculative: spec.clone(), ..EngineConfig::default() })?;
     let core_for = |depth: usize, budget: usize| -> Result<EngineCore<PagedModelRunner>> {
         let tokens = depth + a.prompt_len.max(a.gen_len) + 1;
         if tokens > model_len {
@@ -112,10 +116,13 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             ..EngineConfig::default()
         };
         let bs = ec.block_size();
-        ec.kv_cache_memory = Some((tokens.div_ceil(bs.max(1)) + 2) * ec.dtype().bytes_per_block(lm.model.config(), bs));
-        let p = plan(&lm, &ec)?;
+        let draft_bytes =
+            draft.as_ref().map_or(0, |d| draft_kv_dtype(ec.dtype()).bytes_per_block(d.model.config(), bs));
+        let per_block = ec.dtype().bytes_per_block(lm.model.config(), bs) + draft_bytes;
+        ec.kv_cache_memory = Some((tokens.div_ceil(bs.max(1)) + 2) * per_block);
+        let p = plan(&lm, draft.as_ref(), &ec)?;
         eprintln!("{}", p.describe());
-        Ok(build_core(&lm, &p)?)
+        Ok(build_core(&lm, draft.as_ref(), &p)?)
     };
     // Warm-up (page in the weights, spin up the threads), as llama-bench does.
     let mut warm = core_for(0, 4096)?;

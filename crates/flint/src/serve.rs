@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device};
-use flint_engine::{build_core, plan, Engine, LoadedModel};
+use flint_engine::{build_core, load_draft, plan, Engine, LoadedModel};
 use flint_server::{ServerConfig, ServingModel};
 
 use crate::engine_args::{parse_bytes, EngineArgs};
@@ -91,8 +91,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
     let load = move || -> Result<ServingModel, String> {
         let lm = LoadedModel::load(model.as_deref(), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
-        let pool = plan(&lm, &engine_cfg).map_err(|e| e.to_string())?;
-        let core = build_core(&lm, &pool).map_err(|e| e.to_string())?;
+        let draft = load_draft(&lm, &engine_cfg).map_err(|e| e.to_string())?;
+        let pool = plan(&lm, draft.as_ref(), &engine_cfg).map_err(|e| e.to_string())?;
+        let core = build_core(&lm, draft.as_ref(), &pool).map_err(|e| e.to_string())?;
         let c = lm.model.config();
         tracing::info!(
             "model {} | {:?} compute | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?} | max model len {}",
@@ -114,10 +115,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             if pool.sched.enable_prefix_caching { "on" } else { "off" }
         );
         if let Some(s) = &pool.speculative {
+            let proposer = match &s.draft_model {
+                Some(m) => format!("draft model {m}"),
+                None => format!("n-gram lookup (window {}..={})", s.prompt_lookup_min, s.prompt_lookup_max),
+            };
             tracing::info!(
-                "speculative decoding: n-gram lookup (window {}..={}), up to {} tokens per step{}",
-                s.prompt_lookup_min,
-                s.prompt_lookup_max,
+                "speculative decoding: {proposer}, up to {} tokens per step{}",
                 s.num_speculative_tokens,
                 s.disable_by_batch_size.map_or(String::new(), |b| format!(", paused above {b} running sequences"))
             );

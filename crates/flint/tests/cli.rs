@@ -386,3 +386,45 @@ fn kv_cache_dtype_flag_inspect_generate_and_bench_depth() {
     assert!(out.contains("pp16 @ d300") && out.contains("tg4 @ d300") && out.contains("KV int8"), "{out}");
     assert!(stderr(&o).contains("context prefill: 300 tokens"), "{}", stderr(&o));
 }
+
+/// A draft model in `flint generate`: the tiny checkpoint proposed for by its own Q4_0 copy
+/// gives the same greedy text, with the acceptance reported; a draft with another vocabulary is
+/// refused in one line before anything runs.
+#[test]
+fn generate_with_a_quantized_self_draft_keeps_the_greedy_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (st, q4) = (tmp.path().join("tiny"), tmp.path().join("tiny-q4"));
+    assert!(flint(&["synth", "--shape", "tiny", "--out", st.to_str().unwrap(), "--dtype", "f32"]).status.success());
+    assert!(flint(&["synth", "--shape", "tiny", "--out", q4.to_str().unwrap(), "--gguf", "q4_0"]).status.success());
+    let draft = q4.join("model-q4_0.gguf");
+    let base =
+        ["generate", "--model", st.to_str().unwrap(), "--prompt", "Hello world", "--max-tokens", "40", "--ignore-eos"];
+    let plain = flint(&base);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let cfg = format!(r#"{{"method": "draft_model", "model": "{}", "num_speculative_tokens": 3}}"#, draft.display());
+    let mut args = base.to_vec();
+    args.extend(["--speculative-config", &cfg]);
+    let spec = flint(&args);
+    assert!(spec.status.success(), "{}", stderr(&spec));
+    assert_eq!(plain.stdout, spec.stdout, "the draft changed the greedy text");
+    assert!(stderr(&spec).contains("SpecDecoding metrics: Mean acceptance length"), "{}", stderr(&spec));
+
+    // The golden small checkpoint (512-token vocabulary) with a tokenizer beside it.
+    let small = tmp.path().join("small");
+    copy_dir(&fixtures().join("small-f32"), &small);
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(st.join(f), small.join(f)).unwrap();
+    }
+    let cfg = format!(r#"{{"model": "{}", "num_speculative_tokens": 3}}"#, small.display());
+    let mut args = base.to_vec();
+    args.extend(["--speculative-config", &cfg]);
+    // One error line, after the target's "loaded" line.
+    let o = flint(&args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    for n in ["draft model", "512 vocabulary rows", "151936"] {
+        assert!(errors[0].contains(n), "`{n}` missing from: {err}");
+    }
+}

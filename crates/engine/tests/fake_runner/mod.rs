@@ -10,7 +10,7 @@ use std::sync::Arc;
 use flint_engine::engine_core::ModelInfo;
 use flint_engine::scheduler::{SchedulerConfig, StepPlan};
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::{EngineCore, EngineError, ModelRunner, StepLogits};
+use flint_engine::{DraftRequest, EngineCore, EngineError, ModelRunner, StepLogits};
 
 pub const VOCAB: usize = 151_936;
 pub const EOS: u32 = 151_645;
@@ -29,6 +29,9 @@ pub struct FakeRunner {
     /// Derive each row from the last `window` tokens only (`None`: the whole context), so greedy
     /// output falls into cycles that n-gram lookup can predict.
     pub window: Option<usize>,
+    /// A draft model: proposes the fake's own greedy continuation, except that one proposal in
+    /// `n` (by position) is replaced by another word, so drafts are partly rejected.
+    pub draft_wrong_every: Option<u64>,
 }
 
 impl FakeRunner {
@@ -40,6 +43,7 @@ impl FakeRunner {
             panic_on: None,
             eos_every: 0,
             window: None,
+            draft_wrong_every: None,
         }
     }
 
@@ -65,7 +69,35 @@ impl FakeRunner {
     }
 }
 
+impl FakeRunner {
+    fn write(&mut self, blocks: &[u32], pos: usize, t: u32) {
+        self.slots[blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size] = t;
+    }
+}
+
 impl ModelRunner for FakeRunner {
+    fn propose(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, EngineError> {
+        let Some(every) = self.draft_wrong_every else { return Ok(vec![Vec::new(); reqs.len()]) };
+        let mut out = Vec::new();
+        for r in reqs {
+            // As a draft model does: write each token into the cache, read its row, take the best.
+            let (mut tok, mut draft, mut row) = (r.token, Vec::new(), Vec::new());
+            for i in 0..r.k {
+                let pos = r.position + i;
+                self.write(&r.blocks, pos, tok);
+                row.clear();
+                self.row(&r.blocks, pos, &mut row);
+                tok = flint_engine::sampler::argmax(&row);
+                if (pos as u64 * 7 + r.seq).is_multiple_of(every) {
+                    tok = WORDS.start + (tok + 1 - WORDS.start) % (WORDS.end - WORDS.start);
+                }
+                draft.push(tok);
+            }
+            out.push(draft);
+        }
+        Ok(out)
+    }
+
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
         let mut data = Vec::new();
         for c in &plan.chunks {
