@@ -71,20 +71,22 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
         bail!("--num-prompts, --input-len, --output-len and --waves must be at least 1");
     }
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
+    // A draft model (speculative decoding) is loaded once for every level.
+    let draft = load_draft(&lm, &a.engine.config()?)?;
     let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut prompt = || (0..a.input_len).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();
     eprintln!("model {} ({:?}), input {} / output {} tokens", lm.source, lm.model.dtype(), a.input_len, a.output_len);
     if !a.sweep {
         let prompts: Vec<Vec<u32>> = (0..a.num_prompts).map(|_| prompt()).collect();
-        let level = run_level(&lm, &a, a.engine.max_num_seqs, prompts)?;
+        let level = run_level(&lm, draft.as_ref(), &a, a.engine.max_num_seqs, prompts)?;
         print_level(&level);
         return Ok(());
     }
     let mut levels = Vec::new();
     for c in [1usize, 2, 4, 8, 16, 32] {
         let prompts: Vec<Vec<u32>> = (0..c * a.waves).map(|_| prompt()).collect();
-        let level = run_level(&lm, &a, c, prompts)?;
+        let level = run_level(&lm, draft.as_ref(), &a, c, prompts)?;
         print_level(&level);
         levels.push(level);
     }
@@ -127,15 +129,20 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_level(lm: &LoadedModel, a: &ThroughputArgs, concurrency: usize, prompts: Vec<Vec<u32>>) -> Result<Level> {
+fn run_level(
+    lm: &LoadedModel,
+    draft: Option<&LoadedModel>,
+    a: &ThroughputArgs,
+    concurrency: usize,
+    prompts: Vec<Vec<u32>>,
+) -> Result<Level> {
     let mut ec = a.engine.config()?;
     ec.max_num_seqs = concurrency;
-    let draft = load_draft(lm, &ec)?;
-    let pool = plan(lm, draft.as_ref(), &ec)?;
+    let pool = plan(lm, draft, &ec)?;
     if !pool.batch_invariant && concurrency == 1 {
         eprintln!("warning: {:?} compute is not batch-invariant: outputs may vary with the batch", lm.model.dtype());
     }
-    let engine = Engine::start(build_core(lm, draft.as_ref(), &pool)?);
+    let engine = Engine::start(build_core(lm, draft, &pool)?);
     let n = prompts.len();
     let params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };
     let t0 = Instant::now();
