@@ -72,22 +72,32 @@ impl LoadedModel {
         (0..self.valid_vocab() as u32).take_while(|&t| !self.tokenizer.is_special(t)).count().max(1) as u32
     }
 
+    /// How bf16 weights are computed, for the start-up lines (`None` without bf16 weights).
+    pub fn bf16_note(&self) -> Option<String> {
+        let c = self.model.bf16_compute()?;
+        let speed = flint_model::kernels::matmul_bf16::dot_speedup()
+            .map_or(String::new(), |s| format!("; vdpbf16ps measured at {s:.2}x the f32 FMA rate"));
+        Some(format!("bf16 weights: {c}{speed}"))
+    }
+
     /// Ids the sampler may choose: the tokenizer's, never the embedding's padding rows.
     pub fn valid_vocab(&self) -> usize {
         self.tokenizer.len().min(self.model.config().vocab_size)
     }
 }
 
-/// f32 (exact, and candle's fastest CPU path) unless the dense weights upcast to f32 would not fit
-/// in 80% of available memory; then the checkpoint's own 16-bit dtype, slower but it runs
-/// (a 7B bf16 checkpoint is 30 GB in f32).
+/// f32 (exact, and candle's fastest CPU path) unless the weights as f32 compute holds them would
+/// not fit in 80% of available memory; then the checkpoint's own 16-bit dtype, slower but it
+/// runs. In f32 compute, bf16 matrices stay bf16 (the CPU kernels widen them as they read, or
+/// take them as they are), so only f16 weights double (a 7B f16 checkpoint is 30 GB in f32).
 pub fn auto_dtype(ck: &Checkpoint) -> DType {
     let f32_bytes: usize = ck
         .weights
         .tensors()
         .iter()
         .map(|t| match t.dtype.as_str() {
-            "F32" | "F16" | "BF16" => t.shape.iter().product::<usize>() * 4,
+            "F32" | "F16" => t.shape.iter().product::<usize>() * 4,
+            "BF16" => t.shape.iter().product::<usize>() * 2,
             _ => t.bytes, // block-quantized weights stay quantized
         })
         .sum();

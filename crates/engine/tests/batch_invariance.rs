@@ -15,6 +15,8 @@ use flint_engine::{
     DraftModel, EngineCore, EngineEvent, PagedModelRunner, Request, RequestParams, SamplingParams, SchedulerConfig,
     SpeculativeConfig,
 };
+use flint_model::kernels::matmul_f32::Bf16Compute;
+use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
 use flint_model::{KvCacheDtype, PagedKvCache, Qwen2Model};
 
@@ -25,16 +27,22 @@ fn fixture() -> PathBuf {
 struct Setup {
     model_dir: PathBuf,
     tokenizer: Arc<Tokenizer>,
+    /// How bf16 weights are packed (`None`: as this machine would).
+    bf16: Option<Bf16Compute>,
 }
 
 impl Setup {
     fn new() -> Self {
-        Self { model_dir: fixture(), tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()) }
+        Self { model_dir: fixture(), tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()), bf16: None }
     }
 
     fn core(&self, dtype: KvCacheDtype, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
         let ck = Checkpoint::open(self.model_dir.to_str().unwrap()).unwrap();
-        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let load = || Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let model = match self.bf16 {
+            Some(c) => with_bf16_compute(c, load),
+            None => load(),
+        };
         let cache = PagedKvCache::new(&ck.config, dtype, 16, num_blocks).unwrap();
         let sched = SchedulerConfig {
             max_num_batched_tokens: budget,
@@ -148,6 +156,27 @@ fn greedy_output_is_identical_alone_batched_chunked_preempted_and_cached() {
     // The stored precision shows in the logprobs (it must, or int8/bf16 were never read).
     assert_ne!(traces[0], traces[2], "int8 gave f32's exact bits");
     assert_ne!(traces[0], traces[1], "bf16 gave f32's exact bits");
+}
+
+/// The same on bf16 weights computed in bf16 dot products (the full-vocab bf16 golden model):
+/// rounding each row's activations to bf16 depends on nothing but the row. The SIMD kernel where
+/// the CPU has AVX-512 BF16, else its bit-exact emulation.
+#[test]
+fn bf16_dot_products_are_batch_invariant() {
+    let setup = Setup {
+        model_dir: fixture().join("../full-vocab-bf16"),
+        tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()),
+        bf16: Some(Bf16Compute::Dot),
+    };
+    let simd = flint_model::kernels::matmul_bf16::simd_available();
+    eprintln!("bf16 dot products via {}", if simd { "AVX-512 BF16" } else { "the scalar emulation" });
+    let dot = invariant_for(&setup, KvCacheDtype::Int8);
+    let exact = run_with(
+        &mut Setup { bf16: Some(Bf16Compute::WidenF32), ..setup }.core(KvCacheDtype::Int8, 4096, 512),
+        0,
+        None,
+    );
+    assert_ne!(dot, exact, "bf16 dot products gave the exact path's bits");
 }
 
 fn invariant_for(setup: &Setup, dtype: KvCacheDtype) -> Trace {

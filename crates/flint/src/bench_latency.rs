@@ -94,6 +94,9 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     }
     let spec = a.spec.get()?;
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
+    if let Some(note) = lm.bf16_note() {
+        eprintln!("{note}");
+    }
     let vocab = lm.ordinary_vocab();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut prompt = |n: usize| (0..n).map(|_| rng.random_range(0..vocab)).collect::<Vec<u32>>();

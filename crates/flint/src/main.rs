@@ -164,6 +164,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    if let Ok(v) = std::env::var("FLINT_BF16_COMPUTE") {
+        if let Err(e) = v.parse::<flint_model::kernels::matmul_f32::Bf16Compute>() {
+            eprintln!("error: FLINT_BF16_COMPUTE: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => run_generate(a),
@@ -203,6 +209,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
     let kv = a.kv.get().unwrap_or(flint_model::KvCacheDtype::F32);
     eprintln!("loaded {} ({:?} compute, {kv} KV cache)", lm.source, lm.model.dtype());
+    if let Some(note) = lm.bf16_note() {
+        eprintln!("{note}");
+    }
     let prompt_ids = if a.chat {
         let template = lm
             .chat_template

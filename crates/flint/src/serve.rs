@@ -95,6 +95,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let pool = plan(&lm, draft.as_ref(), &engine_cfg).map_err(|e| e.to_string())?;
         let core = build_core(&lm, draft.as_ref(), &pool).map_err(|e| e.to_string())?;
         let c = lm.model.config();
+        if let Some(note) = lm.bf16_note() {
+            tracing::info!("{note}");
+        }
         tracing::info!(
             "model {} | {:?} compute | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?} | max model len {}",
             lm.source,

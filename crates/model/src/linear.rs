@@ -10,7 +10,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
-use crate::kernels::matmul_f32::{self, PackedF32};
+use crate::kernels::matmul_f32::{self, Bf16Compute, PackedF32};
 use crate::kernels::matmul_q8::{self, Format, PackedQ8};
 use crate::kernels::rowwise::with_f32;
 use crate::weights::Weight;
@@ -53,6 +53,14 @@ impl Linear {
 
     pub fn from_qtensor(q: QTensor) -> Result<Self> {
         Ok(Linear::Quantized { w: QMatMul::from_qtensor(q)?, b: None })
+    }
+
+    /// How a packed bf16 weight is computed (`None` for every other kind).
+    pub fn bf16_compute(&self) -> Option<Bf16Compute> {
+        match self {
+            Linear::Packed { w, .. } => w.bf16_compute(),
+            _ => None,
+        }
     }
 
     /// Whether each output row is computed independently of the other rows in the call, in a
@@ -208,12 +216,44 @@ pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
     Ok(PackedQ8::from_ggml(format, &q.data()?, out, inp))
 }
 
-/// Pack a dense `[out, in]` weight for the CPU kernel: bf16 stays bf16, anything else as f32.
+thread_local! {
+    static BF16_COMPUTE: std::cell::Cell<Option<Bf16Compute>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` (a model load on this thread) with bf16 weights packed for `compute` rather than
+/// [`Bf16Compute::native`]: the golden tests pin the exact f32 path, and test the bf16 dot path
+/// through its emulation on CPUs without the instruction.
+pub fn with_bf16_compute<R>(compute: Bf16Compute, f: impl FnOnce() -> R) -> R {
+    let before = BF16_COMPUTE.with(|c| c.replace(Some(compute)));
+    let r = f();
+    BF16_COMPUTE.with(|c| c.set(before));
+    r
+}
+
+/// Pack a dense `[out, in]` weight for the CPU kernel: bf16 stays bf16 (computed as
+/// [`Bf16Compute::native`] picks, or as [`with_bf16_compute`] says), anything else as f32.
 pub fn pack(w: &Tensor) -> Result<PackedF32> {
+    use candle_core::{CpuStorage, Storage};
+    use half::slice::HalfFloatSliceExt;
     let (out, inp) = w.dims2()?;
+    let compute = || BF16_COMPUTE.with(|c| c.get()).unwrap_or_else(Bf16Compute::native);
+    // Packed straight from the tensor's own storage: a copy of a 1 GB lm_head on the way would
+    // be a gigabyte more at the peak of a load.
+    {
+        let (storage, layout) = w.storage_and_layout();
+        if let (Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            match cpu {
+                CpuStorage::BF16(v) => {
+                    return Ok(PackedF32::pack_bf16(v[a..b].reinterpret_cast(), out, inp, compute()))
+                }
+                CpuStorage::F32(v) => return Ok(PackedF32::pack(&v[a..b], out, inp)),
+                _ => {}
+            }
+        }
+    }
     if w.dtype() == DType::BF16 {
         let bits: Vec<u16> = w.flatten_all()?.to_vec1::<half::bf16>()?.into_iter().map(|v| v.to_bits()).collect();
-        return Ok(PackedF32::pack_bf16(&bits, out, inp));
+        return Ok(PackedF32::pack_bf16(&bits, out, inp, compute()));
     }
     Ok(PackedF32::pack(&w.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?, out, inp))
 }

@@ -85,11 +85,31 @@ impl Qwen2Model {
         let norm =
             |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
 
-        // A tied embedding is also the lm_head matrix (and may stay bf16 like the others).
-        let embed_w = if cfg.tie_word_embeddings {
-            weights.get_matrix("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?
+        // A tied embedding is also the lm_head matrix; either way it may stay bf16 (an untied
+        // one is widened a row at a time as tokens are looked up: in f32 it would be twice the
+        // bytes, 2.2 GB for a 7B vocabulary).
+        let embed_w = weights.get_matrix("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?;
+        // As transformers: a tied model uses the embedding as lm_head even if the file also
+        // ships an `lm_head.weight`; an untied one must ship it. A tied one is packed before the
+        // layers load, so its unpacked copy is gone before the rest arrives.
+        let (embed_tokens, tied_head) = if !cfg.tie_word_embeddings {
+            (embedding(embed_w), None)
         } else {
-            weights.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype, device)?
+            match embed_w {
+                Weight::Dense(t) if matches!(t.dtype(), DType::F32 | DType::BF16) && t.device().is_cpu() => {
+                    let packed = Arc::new(crate::linear::pack(&t)?);
+                    (Embedding::Packed(packed.clone()), Some(Linear::Packed { w: packed, b: None }))
+                }
+                Weight::Dense(t) => (Embedding::Dense(t.clone()), Some(Linear::Dense { w: t, b: None })),
+                Weight::Quantized(q) => {
+                    let q = Arc::new(q);
+                    let head = match crate::linear::pack_q8(&q)? {
+                        Some(p) => Linear::PackedQ8 { w: Arc::new(p), b: None },
+                        None => Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None },
+                    };
+                    (Embedding::Quantized(q), Some(head))
+                }
+            }
         };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -108,27 +128,9 @@ impl Qwen2Model {
             });
         }
         let norm_f = norm("model.norm.weight")?;
-        // As transformers: a tied model uses the embedding as lm_head even if the file also
-        // ships an `lm_head.weight`; an untied one must ship it.
-        let (embed_tokens, lm_head) = if !cfg.tie_word_embeddings {
-            let head = linear("lm_head", cfg.vocab_size, h, false)?;
-            (embedding(embed_w), head)
-        } else {
-            match embed_w {
-                Weight::Dense(t) if matches!(t.dtype(), DType::F32 | DType::BF16) && t.device().is_cpu() => {
-                    let packed = Arc::new(crate::linear::pack(&t)?);
-                    (Embedding::Packed(packed.clone()), Linear::Packed { w: packed, b: None })
-                }
-                Weight::Dense(t) => (Embedding::Dense(t.clone()), Linear::Dense { w: t, b: None }),
-                Weight::Quantized(q) => {
-                    let q = Arc::new(q);
-                    let head = match crate::linear::pack_q8(&q)? {
-                        Some(p) => Linear::PackedQ8 { w: Arc::new(p), b: None },
-                        None => Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None },
-                    };
-                    (Embedding::Quantized(q), head)
-                }
-            }
+        let lm_head = match tied_head {
+            Some(head) => head,
+            None => linear("lm_head", cfg.vocab_size, h, false)?,
         };
         Ok(Self {
             cfg: cfg.clone(),
@@ -157,6 +159,11 @@ impl Qwen2Model {
     /// True when a sequence's logits cannot depend on the rest of its batch: every projection
     /// runs a row-independent kernel (f32 or bf16 weights on the CPU, or GGUF-quantized). f16
     /// weights, and dense weights on other devices, go through candle's dense matmul, which is not.
+    /// How the bf16 weights are computed, `None` when none is bf16 on the CPU.
+    pub fn bf16_compute(&self) -> Option<crate::kernels::matmul_f32::Bf16Compute> {
+        self.layers.iter().flat_map(|l| [&l.q_proj, &l.down_proj]).chain([&self.lm_head]).find_map(|p| p.bf16_compute())
+    }
+
     pub fn is_batch_invariant(&self) -> bool {
         self.lm_head.is_row_independent()
             && self.layers.iter().all(|l| {
@@ -200,7 +207,7 @@ impl Qwen2Model {
         let n = batch.num_tokens();
         let ids = Tensor::from_slice(&batch.tokens, n, &self.device)?;
         let mut x = match &self.embed_tokens {
-            Embedding::Dense(w) => w.index_select(&ids, 0)?,
+            Embedding::Dense(w) => w.index_select(&ids, 0)?.to_dtype(self.dtype)?,
             Embedding::Quantized(q) => q.embedding(&ids)?.to_dtype(self.dtype)?,
             Embedding::Packed(w) => {
                 let h = w.in_features();

@@ -223,6 +223,7 @@ impl SafetensorsFiles {
             return Err(bad(format!("holds {} bytes, its shape needs {expected}", bytes.len())));
         }
         let t = Tensor::from_raw_buffer(bytes, src_dtype, &info.shape, device).map_err(|e| bad(e.to_string()))?;
+        release(&f.mmap, f.data_start + start, end - start);
         Ok(if src_dtype == dtype || (keep_bf16 && src_dtype == DType::BF16) { t } else { t.to_dtype(dtype)? })
     }
 
@@ -242,6 +243,20 @@ impl SafetensorsFiles {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
+}
+
+/// Drop this process's mapping of `len` bytes at `offset` once the tensor there has been copied
+/// out: the pages stay in the page cache, but no longer count in the process's resident memory,
+/// so a loaded checkpoint is held once (its packed copy), not twice. A later read (a tensor
+/// sharing the edge page) maps them again from the unchanged file.
+fn release(mmap: &Mmap, offset: usize, len: usize) {
+    #[cfg(unix)]
+    // SAFETY: the mapping is of a read-only file opened for reading; after MADV_DONTNEED a read
+    // refaults the same bytes from the file, so no reference into it sees different contents.
+    // Failure only leaves the pages mapped.
+    let _ = unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    #[cfg(not(unix))]
+    let _ = (mmap, offset, len);
 }
 
 /// A GGUF file: its metadata and tensor directory are read at open; tensors on demand.

@@ -8,13 +8,16 @@
 //! exactly the same way. The weight is packed once at load into panels of 16 output columns,
 //! `[out/16][in][16]`, so the inner loop streams it contiguously.
 //!
-//! A bf16 checkpoint keeps its weights in bf16 panels: half the bytes to stream per token, and
-//! widening bf16 to f32 is exact (a 16-bit shift), so the products, and the bits, are those of
-//! the same weights upcast to f32.
+//! A bf16 checkpoint keeps its weights in bf16: half the bytes to stream per token. Packed for
+//! [`Bf16Compute::WidenF32`], the panels are widened as they are read (exact, a 16-bit shift), so
+//! the products, and the bits, are those of the same weights upcast to f32. Packed for
+//! [`Bf16Compute::Dot`] (the default where the CPU has AVX-512 BF16), they are in
+//! [`super::matmul_bf16`]'s pair layout and computed in bf16 dot products.
 
 use std::mem::MaybeUninit;
 
 use super::huge_buf::{HugeBuf, Plain};
+use super::matmul_bf16;
 use super::{as_uninit, by_panel_stripes};
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
@@ -33,8 +36,63 @@ pub struct PackedF32 {
 #[derive(Clone)]
 enum PanelData {
     F32(HugeBuf<f32>),
-    /// bf16 bit patterns.
+    /// bf16 bit patterns, `[out/16][in][16]`, widened to f32 for the products.
     Bf16(HugeBuf<u16>),
+    /// bf16 bit patterns in [`matmul_bf16`]'s `[out/16][in/2][16][2]`, for bf16 dot products.
+    Bf16Pairs(HugeBuf<u16>),
+}
+
+/// How a bf16 weight is multiplied: its exact f32 value times the f32 activations, or in bf16 dot
+/// products (activations rounded to bf16; twice the arithmetic rate on AVX-512 BF16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Compute {
+    WidenF32,
+    Dot,
+}
+
+/// The dot path must beat the FMA rate by this much to be chosen: it also rounds activations.
+const DOT_MIN_SPEEDUP: f64 = 1.25;
+
+impl Bf16Compute {
+    /// What this machine computes bf16 weights with: `FLINT_BF16_COMPUTE` (`dot`, `f32`) when
+    /// set, else [`Dot`](Self::Dot) where the CPU has `vdpbf16ps` (and `FLINT_CPU_ISA` allows
+    /// it) and it outpaces f32 FMAs ([`matmul_bf16::dot_speedup`]), else
+    /// [`WidenF32`](Self::WidenF32). `dot` without the instruction stays `WidenF32`: the
+    /// emulation is exact but slow. Read once, so every weight of the process agrees.
+    pub fn native() -> Self {
+        static CHOICE: std::sync::OnceLock<Bf16Compute> = std::sync::OnceLock::new();
+        *CHOICE.get_or_init(|| {
+            let forced = std::env::var("FLINT_BF16_COMPUTE").ok().and_then(|v| v.parse::<Bf16Compute>().ok());
+            let has = matmul_bf16::simd_available();
+            match forced {
+                Some(Bf16Compute::Dot) if has => Bf16Compute::Dot,
+                Some(_) => Bf16Compute::WidenF32,
+                None if matmul_bf16::dot_speedup().is_some_and(|s| s >= DOT_MIN_SPEEDUP) => Bf16Compute::Dot,
+                None => Bf16Compute::WidenF32,
+            }
+        })
+    }
+}
+
+impl std::str::FromStr for Bf16Compute {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "dot" | "bf16" => Ok(Bf16Compute::Dot),
+            "f32" => Ok(Bf16Compute::WidenF32),
+            other => Err(format!("unknown bf16 compute {other:?} (expected dot or f32)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Bf16Compute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bf16Compute::WidenF32 => "f32 products (exact)",
+            Bf16Compute::Dot => "bf16 dot products (AVX-512 BF16, activations rounded to bf16)",
+        })
+    }
 }
 
 /// One panel's values, `[in][16]`.
@@ -78,16 +136,31 @@ impl PackedF32 {
         Self { out, inp, data: PanelData::F32(to_panels(w, out, inp)) }
     }
 
-    /// Pack a row-major `[out, in]` matrix of bf16 bit patterns, kept in bf16.
-    pub fn pack_bf16(w: &[u16], out: usize, inp: usize) -> Self {
-        Self { out, inp, data: PanelData::Bf16(to_panels(w, out, inp)) }
+    /// Pack a row-major `[out, in]` matrix of bf16 bit patterns, kept in bf16, for `compute`.
+    pub fn pack_bf16(w: &[u16], out: usize, inp: usize, compute: Bf16Compute) -> Self {
+        let data = match compute {
+            Bf16Compute::WidenF32 => PanelData::Bf16(to_panels(w, out, inp)),
+            Bf16Compute::Dot => PanelData::Bf16Pairs(matmul_bf16::to_pair_panels(w, out, inp)),
+        };
+        Self { out, inp, data }
     }
 
+    /// How a bf16 weight is computed (`None` for f32 weights).
+    pub fn bf16_compute(&self) -> Option<Bf16Compute> {
+        match self.data {
+            PanelData::F32(_) => None,
+            PanelData::Bf16(_) => Some(Bf16Compute::WidenF32),
+            PanelData::Bf16Pairs(_) => Some(Bf16Compute::Dot),
+        }
+    }
+
+    /// Panel `p` of an f32 or widened-bf16 weight.
     fn panel(&self, p: usize) -> Panel<'_> {
         let span = p * self.inp * PANEL..(p + 1) * self.inp * PANEL;
         match &self.data {
             PanelData::F32(v) => Panel::F32(&v[span]),
             PanelData::Bf16(v) => Panel::Bf16(&v[span]),
+            PanelData::Bf16Pairs(_) => unreachable!("pair panels are read by matmul_bf16"),
         }
     }
 
@@ -101,6 +174,13 @@ impl PackedF32 {
 
     /// Row `o` of the original matrix (an embedding lookup from a tied lm_head).
     pub fn row(&self, o: usize, dst: &mut [f32]) {
+        if let PanelData::Bf16Pairs(v) = &self.data {
+            let base = (o / PANEL) * matmul_bf16::pairs(self.inp) * 2 * PANEL;
+            for (k, d) in dst.iter_mut().enumerate().take(self.inp) {
+                *d = bf16_to_f32(v[base + matmul_bf16::index_in_panel(k, o % PANEL)]);
+            }
+            return;
+        }
         let panel = self.panel(o / PANEL);
         for (k, d) in dst.iter_mut().enumerate().take(self.inp) {
             *d = panel.at(k * PANEL + o % PANEL);
@@ -152,6 +232,10 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
 
 fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
     let isa = if supported(isa) { isa } else { Isa::Scalar };
+    if let PanelData::Bf16Pairs(panels) = &w.data {
+        // The SIMD kernel wherever the CPU has it (`Isa::Scalar` asks for the emulation).
+        return matmul_bf16::run(isa == Isa::Avx512, x, m, panels, w.out, w.inp, y);
+    }
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
     // With several row tiles each bf16 panel would be widened once per tile; widen it once into
@@ -474,7 +558,7 @@ mod tests {
         let (out, inp) = (37, 45);
         let bits: Vec<u16> = data(out * inp, 11).iter().map(|&v| (v.to_bits() >> 16) as u16).collect();
         let up: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-        let (pb, pf) = (PackedF32::pack_bf16(&bits, out, inp), PackedF32::pack(&up, out, inp));
+        let (pb, pf) = (PackedF32::pack_bf16(&bits, out, inp, Bf16Compute::WidenF32), PackedF32::pack(&up, out, inp));
         for m in [1, 2, 5, 8, 11] {
             let x = data(m * inp, 12 + m as u32);
             for isa in isas() {
@@ -513,5 +597,38 @@ mod tests {
         let mut r = [0f32; 3];
         p.row(17, &mut r);
         assert_eq!(&r, &w[17 * 3..18 * 3]);
+        let bits: Vec<u16> = w.iter().map(|&v| (v.to_bits() >> 16) as u16).collect();
+        let p = PackedF32::pack_bf16(&bits, 20, 3, Bf16Compute::Dot);
+        p.row(17, &mut r);
+        let want: Vec<f32> = bits[17 * 3..18 * 3].iter().map(|&b| bf16_to_f32(b)).collect();
+        assert_eq!(&r[..], &want[..]);
+    }
+
+    /// Packed for bf16 dot products, a weight runs `matmul_bf16` on every ISA (the emulation
+    /// below AVX-512 BF16) with the same bits, and stays close to the f32 product.
+    #[test]
+    fn bf16_dot_weights_give_the_same_bits_on_every_isa() {
+        let (out, inp) = (37, 45);
+        let bits: Vec<u16> = data(out * inp, 13).iter().map(|&v| (v.to_bits() >> 16) as u16).collect();
+        let p = PackedF32::pack_bf16(&bits, out, inp, Bf16Compute::Dot);
+        let widened = PackedF32::pack_bf16(&bits, out, inp, Bf16Compute::WidenF32);
+        assert_eq!(p.bf16_compute(), Some(Bf16Compute::Dot));
+        for m in [1, 9] {
+            let x = data(m * inp, 14);
+            let mut first: Option<Vec<f32>> = None;
+            for isa in isas() {
+                let mut y = vec![0f32; m * out];
+                matmul_with(isa, &x, m, &p, &mut y);
+                let mut exact = vec![0f32; m * out];
+                matmul_with(isa, &x, m, &widened, &mut exact);
+                // Activations rounded to 8 significant bits: |Δ| ≤ 2^-8 · Σ|x·w| ≤ 45/256.
+                assert!(y.iter().zip(&exact).all(|(a, b)| (a - b).abs() < 0.2), "{isa:?}");
+                assert_ne!(y, exact, "the activations were not rounded");
+                match &first {
+                    None => first = Some(y),
+                    Some(f) => assert_eq!(f, &y, "{isa:?} differs"),
+                }
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod huge_buf;
 pub mod kv_quant;
+pub mod matmul_bf16;
 pub mod matmul_f32;
 pub mod matmul_q8;
 pub mod pool;
@@ -14,13 +15,15 @@ use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// The widest x86 vector extension the kernels may use. `FLINT_CPU_ISA` (`scalar`, `avx2`,
-/// `avx512`) lowers it from what the CPU has, to measure or work around a path; every path
-/// gives the same bits.
+/// `avx512`, `avx512bf16`/`native`) lowers it from what the CPU has, to measure or work around a
+/// path. Every path gives the same bits but one: below `avx512bf16`, bf16 weights are computed in
+/// f32 (exact products) rather than in bf16 dot products (activations rounded to bf16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IsaCap {
     Scalar,
     Avx2,
     Avx512,
+    Avx512Bf16,
 }
 
 impl std::str::FromStr for IsaCap {
@@ -30,8 +33,9 @@ impl std::str::FromStr for IsaCap {
         match s.to_ascii_lowercase().as_str() {
             "scalar" => Ok(IsaCap::Scalar),
             "avx2" => Ok(IsaCap::Avx2),
-            "avx512" | "native" | "" => Ok(IsaCap::Avx512),
-            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2 or avx512)")),
+            "avx512" => Ok(IsaCap::Avx512),
+            "avx512bf16" | "native" | "" => Ok(IsaCap::Avx512Bf16),
+            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512 or avx512bf16)")),
         }
     }
 }
@@ -40,7 +44,7 @@ impl std::str::FromStr for IsaCap {
 /// it before any kernel runs).
 pub fn isa_cap() -> IsaCap {
     static CAP: OnceLock<IsaCap> = OnceLock::new();
-    *CAP.get_or_init(|| std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(IsaCap::Avx512))
+    *CAP.get_or_init(|| std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(IsaCap::Avx512Bf16))
 }
 
 /// AVX-512 F and BW, allowed by the cap.
@@ -60,6 +64,16 @@ pub(crate) fn has_avx2() -> bool {
     {
         use std::arch::is_x86_feature_detected as has;
         isa_cap() >= IsaCap::Avx2 && has!("avx2") && has!("fma") && has!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// AVX-512 BF16 (`vdpbf16ps`) on top of [`has_avx512`], allowed by the cap.
+pub(crate) fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa_cap() >= IsaCap::Avx512Bf16 && has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -230,8 +244,9 @@ mod tests {
     fn isa_cap_parses_and_orders() {
         assert_eq!("AVX2".parse::<IsaCap>(), Ok(IsaCap::Avx2));
         assert_eq!("scalar".parse::<IsaCap>(), Ok(IsaCap::Scalar));
-        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512));
+        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512Bf16));
+        assert_eq!("avx512".parse::<IsaCap>(), Ok(IsaCap::Avx512));
         assert!("sse9".parse::<IsaCap>().unwrap_err().contains("sse9"));
-        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512);
+        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512 && IsaCap::Avx512 < IsaCap::Avx512Bf16);
     }
 }

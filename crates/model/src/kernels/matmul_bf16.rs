@@ -1,0 +1,445 @@
+//! `y = x·Wᵀ` for bf16 weights in bf16 arithmetic: AVX-512 BF16's `vdpbf16ps`, two bf16
+//! products per f32 lane per instruction, where the CPU has it.
+//!
+//! Widening bf16 weights to f32 (what [`super::matmul_f32`] does) costs two loads, a widen, a
+//! shift and an FMA per 16 products; `vdpbf16ps` does 32 products in one instruction straight
+//! from the stored bits, which doubles the arithmetic rate of prefill and takes decode closer to
+//! memory speed. The price is the activations: each row of `x` is rounded to bf16 (to nearest,
+//! ties to even) before the products, as llama.cpp does and as transformers does when it runs a
+//! bf16 checkpoint in bf16.
+//!
+//! Each output is one f32 accumulator fed the products of k-pairs `(2j, 2j+1)` for j = 0, 1, …
+//! in order, whatever the tiling, thread split or batch, so a row's bits do not depend on its
+//! batch. [`dpbf16`] emulates the instruction bit for bit (the odd product first, each added
+//! with one rounding, subnormal inputs read as zero and subnormal results flushed to zero); it is
+//! the reference the SIMD path is tested against, and the path CPUs without the instruction take
+//! when a weight was packed this way.
+//!
+//! Weights are packed as `[out/16][in/2][16][2]`: one 64-byte line per k-pair of a 16-column
+//! panel, the operand layout the instruction wants. An odd `in` is padded with a zero column.
+
+use std::mem::MaybeUninit;
+
+use super::huge_buf::HugeBuf;
+use super::matmul_f32::PANEL;
+use super::{by_panel_stripes, Stripe};
+
+/// Rows per micro-tile: each loaded pair of panel vectors feeds this many rows.
+const ROWS: usize = 8;
+/// bf16 values per panel per k-pair.
+const STEP: usize = 2 * PANEL;
+
+/// k-pairs of an `inp`-wide row.
+pub(crate) fn pairs(inp: usize) -> usize {
+    inp.div_ceil(2)
+}
+
+/// Lay a row-major `[out, in]` bf16 matrix out as pair panels.
+pub(crate) fn to_pair_panels(w: &[u16], out: usize, inp: usize) -> HugeBuf<u16> {
+    assert_eq!(w.len(), out * inp, "packed weight length");
+    let kp = pairs(inp);
+    let mut panels = HugeBuf::<u16>::zeroed(out.div_ceil(PANEL) * kp * STEP);
+    for (o, row) in w.chunks_exact(inp).enumerate() {
+        let base = (o / PANEL) * kp * STEP;
+        for (k, &v) in row.iter().enumerate() {
+            panels[base + index_in_panel(k, o % PANEL)] = v;
+        }
+    }
+    panels
+}
+
+/// Where weight `(k, c)` of a panel lies in its `[in/2][16][2]` block.
+#[inline(always)]
+pub(crate) fn index_in_panel(k: usize, c: usize) -> usize {
+    (k / 2) * STEP + c * 2 + k % 2
+}
+
+/// Round to the nearest bf16, ties to even (NaN stays NaN).
+#[inline(always)]
+pub fn round_to_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    if v.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// `x` (`[m, inp]`) rounded to bf16, each k-pair packed in one `u32` (even k in the low half),
+/// `[m][in/2]`; an odd `inp` gets a zero partner.
+fn round_rows(x: &[f32], m: usize, inp: usize) -> Vec<u32> {
+    let kp = pairs(inp);
+    let mut out = vec![0u32; m * kp];
+    for (row, dst) in x.chunks_exact(inp).zip(out.chunks_exact_mut(kp)) {
+        for (j, d) in dst.iter_mut().enumerate() {
+            let lo = round_to_bf16(row[2 * j]) as u32;
+            let hi = row.get(2 * j + 1).map_or(0, |&v| round_to_bf16(v) as u32);
+            *d = lo | hi << 16;
+        }
+    }
+    out
+}
+
+/// bf16 bits as f32, a subnormal read as a zero of its sign (the instruction's DAZ).
+#[inline(always)]
+fn widen_daz(bits: u16) -> f32 {
+    let v = f32::from_bits((bits as u32) << 16);
+    if v.is_subnormal() {
+        f32::from_bits((bits as u32 & 0x8000) << 16)
+    } else {
+        v
+    }
+}
+
+/// A subnormal f32 replaced by a zero of its sign (the instruction's FTZ, and DAZ on `acc`).
+#[inline(always)]
+fn flush(v: f32) -> f32 {
+    if v.is_subnormal() {
+        f32::from_bits(v.to_bits() & 0x8000_0000)
+    } else {
+        v
+    }
+}
+
+/// One lane of `vdpbf16ps`: `acc + w₁·x₁ + w₀·x₀` for the bf16 pairs `w` and `x` (element 0
+/// in the low half), as the instruction computes it: the odd product first, each product exact
+/// and added with one rounding to nearest even, subnormal inputs read as zero and subnormal
+/// results flushed to zero.
+#[inline(always)]
+pub fn dpbf16(acc: f32, w: u32, x: u32) -> f32 {
+    let (w0, w1) = (widen_daz(w as u16), widen_daz((w >> 16) as u16));
+    let (x0, x1) = (widen_daz(x as u16), widen_daz((x >> 16) as u16));
+    let t = flush(w1.mul_add(x1, flush(acc)));
+    flush(w0.mul_add(x0, t))
+}
+
+/// Whether this CPU runs `vdpbf16ps` (and the ISA cap allows it).
+pub fn simd_available() -> bool {
+    super::has_avx512_bf16()
+}
+
+/// Products per second of `vdpbf16ps` over those of f32 FMAs on this core (`None` without the
+/// instruction), measured once: 16 independent accumulators of each for a few hundred
+/// microseconds, best of three interleaved rounds.
+///
+/// The instruction's speed is the microarchitecture's: on a Sapphire Rapids-class Xeon it
+/// retires one every two cycles (measured here 39.5 against 80.9 GMAC/s for FMAs, 0.49×), on
+/// AMD Zen 4 one 512-bit op per cycle against one FMA (2×). The choice between the two
+/// products needs the ratio, and a measured one covers CPUs no table lists; the margin between
+/// 0.5 and 2 is far wider than the noise of a shared machine.
+pub fn dot_speedup() -> Option<f64> {
+    static SPEEDUP: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *SPEEDUP.get_or_init(|| {
+        if !simd_available() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (mut dot, mut fma) = (f64::MAX, f64::MAX);
+            for _ in 0..3 {
+                // SAFETY: `simd_available` confirmed AVX-512F and BF16.
+                dot = dot.min(unsafe { x86::time_dot(20_000) });
+                fma = fma.min(unsafe { x86::time_fma(20_000) });
+            }
+            // Each `vdpbf16ps` is 32 products, each FMA 16.
+            Some((32.0 / dot) / (16.0 / fma))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    })
+}
+
+/// `y[m, out] = round_bf16(x)[m, in] · Wᵀ` for pair panels `w` (see [`to_pair_panels`]); the
+/// SIMD kernel when `simd` (and the CPU has it), else the emulation, with the same bits.
+pub(crate) fn run(simd: bool, x: &[f32], m: usize, w: &[u16], out: usize, inp: usize, y: &mut [MaybeUninit<f32>]) {
+    let simd = simd && simd_available();
+    assert_eq!(x.len(), m * inp, "matmul input length");
+    assert_eq!(y.len(), m * out, "matmul output length");
+    let kp = pairs(inp);
+    assert_eq!(w.len(), out.div_ceil(PANEL) * kp * STEP, "packed weight length");
+    let xs = round_rows(x, m, inp);
+    let n = kp * STEP;
+    by_panel_stripes(m, out, PANEL, 2, y, |p0, p1, stripe: &mut Stripe| {
+        for p in (p0..p1).step_by(2) {
+            let pair = p + 1 < p1;
+            let pa = &w[p * n..(p + 1) * n];
+            let pb = &w[(p + usize::from(pair)) * n..(p + 1 + usize::from(pair)) * n];
+            let mut r = 0;
+            while r < m {
+                let rows = (m - r).min(ROWS);
+                let x_tile = &xs[r * kp..(r + rows) * kp];
+                let mut acc = [[[0f32; PANEL]; ROWS]; 2];
+                let [a0, a1] = &mut acc;
+                if simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `simd_available` confirmed AVX-512F and BF16; `x_tile` holds
+                    // `rows` rows of `kp` pairs and each panel `kp · 32` values.
+                    unsafe {
+                        x86::tile_pair(x_tile, rows, kp, pa.as_ptr(), pb.as_ptr(), a0, a1)
+                    };
+                } else {
+                    tile_scalar(x_tile, rows, kp, pa, a0);
+                    if pair {
+                        tile_scalar(x_tile, rows, kp, pb, a1);
+                    }
+                }
+                for (j, a) in acc.iter().enumerate().take(1 + usize::from(pair)) {
+                    for (i, row) in a.iter().enumerate().take(rows) {
+                        stripe.put(r + i, p + j - p0, row);
+                    }
+                }
+                r += rows;
+            }
+        }
+    });
+}
+
+/// The reference: [`dpbf16`] per lane, k-pairs ascending.
+fn tile_scalar(x: &[u32], rows: usize, kp: usize, panel: &[u16], acc: &mut [[f32; PANEL]; ROWS]) {
+    for (i, a) in acc.iter_mut().enumerate().take(rows) {
+        for (j, &xv) in x[i * kp..(i + 1) * kp].iter().enumerate() {
+            let step = &panel[j * STEP..(j + 1) * STEP];
+            for (c, ac) in a.iter_mut().enumerate() {
+                let wv = step[2 * c] as u32 | (step[2 * c + 1] as u32) << 16;
+                *ac = dpbf16(*ac, wv, xv);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{PANEL, ROWS, STEP};
+    use std::arch::x86_64::*;
+
+    /// k-pairs to prefetch ahead: one 64-byte line of each panel per step.
+    const PREFETCH_STEPS: usize = 16;
+
+    /// Seconds for `n` rounds of 16 independent `vdpbf16ps`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn time_dot(n: usize) -> f64 {
+        let mut a = [_mm512_setzero_ps(); 16];
+        let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+        let x = std::hint::black_box(w);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            for acc in a.iter_mut() {
+                *acc = _mm512_dpbf16_ps(*acc, w, x);
+            }
+        }
+        std::hint::black_box(a);
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Seconds for `n` rounds of 16 independent 512-bit FMAs.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn time_fma(n: usize) -> f64 {
+        let mut a = [_mm512_setzero_ps(); 16];
+        let w = _mm512_set1_ps(1.0);
+        let x = std::hint::black_box(w);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            for acc in a.iter_mut() {
+                *acc = _mm512_fmadd_ps(*acc, w, x);
+            }
+        }
+        std::hint::black_box(a);
+        t.elapsed().as_secs_f64()
+    }
+
+    /// `rows` rows against two panels (`w1` may equal `w0`, for a lone last panel).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn tile_pair(
+        x: &[u32],
+        rows: usize,
+        kp: usize,
+        w0: *const u16,
+        w1: *const u16,
+        acc0: &mut [[f32; PANEL]; ROWS],
+        acc1: &mut [[f32; PANEL]; ROWS],
+    ) {
+        match rows {
+            1 => tile_rx2::<1>(x, kp, w0, w1, acc0, acc1),
+            2 => tile_rx2::<2>(x, kp, w0, w1, acc0, acc1),
+            3 => tile_rx2::<3>(x, kp, w0, w1, acc0, acc1),
+            4 => tile_rx2::<4>(x, kp, w0, w1, acc0, acc1),
+            5 => tile_rx2::<5>(x, kp, w0, w1, acc0, acc1),
+            6 => tile_rx2::<6>(x, kp, w0, w1, acc0, acc1),
+            7 => tile_rx2::<7>(x, kp, w0, w1, acc0, acc1),
+            _ => tile_rx2::<8>(x, kp, w0, w1, acc0, acc1),
+        }
+    }
+
+    /// `R` rows against two panels: 2·R accumulators, each one in-order chain of k-pairs.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn tile_rx2<const R: usize>(
+        x: &[u32],
+        kp: usize,
+        w0: *const u16,
+        w1: *const u16,
+        acc0: &mut [[f32; PANEL]; ROWS],
+        acc1: &mut [[f32; PANEL]; ROWS],
+    ) {
+        let (mut a, mut b) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let xp = x.as_ptr();
+        for j in 0..kp {
+            _mm_prefetch(w0.wrapping_add((j + PREFETCH_STEPS) * STEP) as *const i8, _MM_HINT_T0);
+            _mm_prefetch(w1.wrapping_add((j + PREFETCH_STEPS) * STEP) as *const i8, _MM_HINT_T0);
+            let v0: __m512bh = std::mem::transmute(_mm512_loadu_si512(w0.add(j * STEP) as *const _));
+            let v1: __m512bh = std::mem::transmute(_mm512_loadu_si512(w1.add(j * STEP) as *const _));
+            for i in 0..R {
+                let xv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*xp.add(i * kp + j) as i32));
+                a[i] = _mm512_dpbf16_ps(a[i], v0, xv);
+                b[i] = _mm512_dpbf16_ps(b[i], v1, xv);
+            }
+        }
+        for i in 0..R {
+            _mm512_storeu_ps(acc0[i].as_mut_ptr(), a[i]);
+            _mm512_storeu_ps(acc1[i].as_mut_ptr(), b[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20_000) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u16> {
+        v.iter().map(|&x| round_to_bf16(x)).collect()
+    }
+
+    fn f(bits: u16) -> f32 {
+        f32::from_bits((bits as u32) << 16)
+    }
+
+    fn matmul(simd: bool, x: &[f32], m: usize, w: &HugeBuf<u16>, out: usize, inp: usize) -> Vec<f32> {
+        let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
+        run(simd, x, m, w, out, inp, &mut y);
+        crate::kernels::written(&y)
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        assert_eq!(round_to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to the even (1.0).
+        assert_eq!(round_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        assert_eq!(round_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+        assert_eq!(round_to_bf16(-2.5e-3), round_to_bf16(2.5e-3) | 0x8000);
+        assert!(f(round_to_bf16(f32::NAN)).is_nan());
+        assert_eq!(round_to_bf16(f32::INFINITY), 0x7f80);
+        assert_eq!(round_to_bf16(f32::MAX), 0x7f80, "rounds up to infinity");
+    }
+
+    /// The emulation's reading of the instruction, on cases where a wrong reading shows.
+    #[test]
+    fn emulation_follows_the_instruction() {
+        let pair = |e: f32, o: f32| round_to_bf16(e) as u32 | (round_to_bf16(o) as u32) << 16;
+        let ones = pair(1.0, 1.0);
+        // Odd product first: 1 + 2^-24 rounds to 1, then −1 gives 0 (even first would give 2^-24).
+        assert_eq!(dpbf16(1.0, pair(-1.0, 2f32.powi(-24)), ones), 0.0);
+        // Products are exact (fused): the smallest normal plus 2^-140 keeps the 2^-140.
+        assert!(dpbf16(2f32.powi(-126), pair(0.0, 2f32.powi(-70)), pair(0.0, 2f32.powi(-70))) > 2f32.powi(-126));
+        // Subnormal results are flushed, subnormal accumulators read as zero.
+        assert_eq!(dpbf16(0.0, pair(0.0, 2f32.powi(-70)), pair(0.0, 2f32.powi(-70))), 0.0);
+        assert_eq!(dpbf16(1e-39, 0, 0), 0.0);
+        // Subnormal bf16 inputs read as zero.
+        assert_eq!(dpbf16(1.0, 0x0001 << 16, ones), 1.0);
+        assert_eq!(dpbf16(0.5, pair(2.0, 3.0), pair(4.0, 5.0)), 0.5 + 15.0 + 8.0);
+    }
+
+    #[test]
+    fn simd_matches_the_emulation_bit_for_bit() {
+        if !simd_available() {
+            eprintln!("AVX-512 BF16 not available: only the emulation ran");
+            return;
+        }
+        eprintln!("AVX-512 BF16 SIMD path checked against the emulation");
+        // Ordinary values, then values that reach the instruction's corners (subnormal products
+        // and inputs, cancellation, overflow).
+        let mut corner = data(64 * 45, 7);
+        for (i, v) in corner.iter_mut().enumerate() {
+            *v *= match i % 7 {
+                0 => 2f32.powi(-66),
+                1 => 2f32.powi(-128),
+                2 => 2f32.powi(60),
+                3 => 1e30,
+                _ => 1.0,
+            };
+        }
+        for (out, inp, w) in [(37, 45, data(37 * 45, 1)), (64, 45, corner.clone())] {
+            let packed = to_pair_panels(&bits(&w), out, inp);
+            for m in [1, 2, 3, 7, 8, 9, 17] {
+                let mut x = data(m * inp, 2 + m as u32);
+                if out == 64 {
+                    x.iter_mut().zip(&corner).for_each(|(a, c)| *a *= c.abs().max(1e-3));
+                }
+                let (s, e) = (matmul(true, &x, m, &packed, out, inp), matmul(false, &x, m, &packed, out, inp));
+                let same = s.iter().zip(&e).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
+                assert!(same, "{out}x{inp} m={m}: SIMD and emulation differ");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_a_reference_on_the_rounded_inputs() {
+        let (out, inp) = (37, 29);
+        let w = bits(&data(out * inp, 3));
+        let packed = to_pair_panels(&w, out, inp);
+        for m in [1, 5, 9] {
+            let x = data(m * inp, 4);
+            for simd in [false, true] {
+                let y = matmul(simd, &x, m, &packed, out, inp);
+                for i in 0..m {
+                    for o in 0..out {
+                        let r: f64 =
+                            (0..inp).map(|k| f(round_to_bf16(x[i * inp + k])) as f64 * f(w[o * inp + k]) as f64).sum();
+                        assert!((y[i * out + o] as f64 - r).abs() < 1e-5, "({i},{o}) {} vs {r}", y[i * out + o]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_batch() {
+        let (out, inp) = (80, 96);
+        let packed = to_pair_panels(&bits(&data(out * inp, 5)), out, inp);
+        let target = data(inp, 6);
+        for simd in [false, true] {
+            let alone = matmul(simd, &target, 1, &packed, out, inp);
+            for m in [2, 8, 9, 20] {
+                let mut x = data(m * inp, 7 + m as u32);
+                let pos = m / 2;
+                x[pos * inp..(pos + 1) * inp].copy_from_slice(&target);
+                let y = matmul(simd, &x, m, &packed, out, inp);
+                assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "m={m} simd={simd}");
+            }
+        }
+    }
+
+    #[test]
+    fn pair_layout_places_every_weight() {
+        let (out, inp) = (20, 5);
+        let w: Vec<u16> = (0..(out * inp) as u16).map(|v| v + 1).collect();
+        let p = to_pair_panels(&w, out, inp);
+        let kp = pairs(inp);
+        for o in 0..out {
+            for k in 0..inp {
+                assert_eq!(p[(o / PANEL) * kp * STEP + index_in_panel(k, o % PANEL)], w[o * inp + k]);
+            }
+        }
+        // The odd column's partner is zero padding.
+        assert_eq!(p[index_in_panel(5, 3)], 0);
+    }
+}
