@@ -88,16 +88,16 @@ impl LoadedModel {
 
 /// f32 (exact, and candle's fastest CPU path) unless the weights as f32 compute holds them would
 /// not fit in 80% of available memory; then the checkpoint's own 16-bit dtype, slower but it
-/// runs. In f32 compute, bf16 matrices stay bf16 (the CPU kernels widen them as they read, or
-/// take them as they are), so only f16 weights double (a 7B f16 checkpoint is 30 GB in f32).
+/// runs. In f32 compute, bf16 and f16 matrices stay 16-bit (the CPU kernels widen them as they
+/// read, or take bf16 as it is), so a 7B bf16 checkpoint needs its 15 GB, not 30.
 pub fn auto_dtype(ck: &Checkpoint) -> DType {
     let f32_bytes: usize = ck
         .weights
         .tensors()
         .iter()
         .map(|t| match t.dtype.as_str() {
-            "F32" | "F16" => t.shape.iter().product::<usize>() * 4,
-            "BF16" => t.shape.iter().product::<usize>() * 2,
+            "F32" => t.shape.iter().product::<usize>() * 4,
+            "F16" | "BF16" => t.shape.iter().product::<usize>() * 2,
             _ => t.bytes, // block-quantized weights stay quantized
         })
         .sum();

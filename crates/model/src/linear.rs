@@ -16,7 +16,8 @@ use crate::kernels::rowwise::with_f32;
 use crate::weights::Weight;
 
 pub enum Linear {
-    /// f32 or bf16 on the CPU, packed for [`matmul_f32`] (f32 arithmetic either way).
+    /// f32, bf16 or f16 on the CPU, packed for [`matmul_f32`] (bf16 may be computed in
+    /// [`crate::kernels::matmul_bf16`]'s dot products; the rest in f32 arithmetic).
     Packed {
         w: Arc<PackedF32>,
         b: Option<Tensor>,
@@ -40,7 +41,7 @@ pub enum Linear {
 impl Linear {
     pub fn new(w: Weight, b: Option<Tensor>) -> Result<Self> {
         Ok(match w {
-            Weight::Dense(w) if matches!(w.dtype(), DType::F32 | DType::BF16) && w.device().is_cpu() => {
+            Weight::Dense(w) if matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16) && w.device().is_cpu() => {
                 Linear::Packed { w: Arc::new(pack(&w)?), b }
             }
             Weight::Dense(w) => Linear::Dense { w, b },
@@ -231,7 +232,8 @@ pub fn with_bf16_compute<R>(compute: Bf16Compute, f: impl FnOnce() -> R) -> R {
 }
 
 /// Pack a dense `[out, in]` weight for the CPU kernel: bf16 stays bf16 (computed as
-/// [`Bf16Compute::native`] picks, or as [`with_bf16_compute`] says), anything else as f32.
+/// [`Bf16Compute::native`] picks, or as [`with_bf16_compute`] says), f16 stays f16 (widened
+/// exactly as it is read), anything else as f32.
 pub fn pack(w: &Tensor) -> Result<PackedF32> {
     use candle_core::{CpuStorage, Storage};
     use half::slice::HalfFloatSliceExt;
@@ -247,6 +249,7 @@ pub fn pack(w: &Tensor) -> Result<PackedF32> {
                     return Ok(PackedF32::pack_bf16(v[a..b].reinterpret_cast(), out, inp, compute()))
                 }
                 CpuStorage::F32(v) => return Ok(PackedF32::pack(&v[a..b], out, inp)),
+                CpuStorage::F16(v) => return Ok(PackedF32::pack_f16(v[a..b].reinterpret_cast(), out, inp)),
                 _ => {}
             }
         }
@@ -254,6 +257,10 @@ pub fn pack(w: &Tensor) -> Result<PackedF32> {
     if w.dtype() == DType::BF16 {
         let bits: Vec<u16> = w.flatten_all()?.to_vec1::<half::bf16>()?.into_iter().map(|v| v.to_bits()).collect();
         return Ok(PackedF32::pack_bf16(&bits, out, inp, compute()));
+    }
+    if w.dtype() == DType::F16 {
+        let bits: Vec<u16> = w.flatten_all()?.to_vec1::<half::f16>()?.into_iter().map(|v| v.to_bits()).collect();
+        return Ok(PackedF32::pack_f16(&bits, out, inp));
     }
     Ok(PackedF32::pack(&w.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?, out, inp))
 }

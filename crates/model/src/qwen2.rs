@@ -96,7 +96,9 @@ impl Qwen2Model {
             (embedding(embed_w), None)
         } else {
             match embed_w {
-                Weight::Dense(t) if matches!(t.dtype(), DType::F32 | DType::BF16) && t.device().is_cpu() => {
+                Weight::Dense(t)
+                    if matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) && t.device().is_cpu() =>
+                {
                     let packed = Arc::new(crate::linear::pack(&t)?);
                     (Embedding::Packed(packed.clone()), Some(Linear::Packed { w: packed, b: None }))
                 }

@@ -51,17 +51,17 @@ impl WeightSource {
         self.get_with(name, shape, dtype, device, false)
     }
 
-    /// [`get`](Self::get) for a matrix flint's CPU kernel will pack: one stored in bf16 stays
-    /// bf16 when the compute dtype is f32 on the CPU (the kernel widens it exactly as it reads,
-    /// so decode streams half the bytes).
+    /// [`get`](Self::get) for a matrix flint's CPU kernel will pack: one stored in bf16 or f16
+    /// stays so when the compute dtype is f32 on the CPU (the kernel widens it exactly as it
+    /// reads, so decode streams half the bytes).
     pub fn get_matrix(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Weight> {
         self.get_with(name, shape, dtype, device, dtype == DType::F32 && device.is_cpu())
     }
 
-    fn get_with(&self, name: &str, shape: &[usize], dtype: DType, device: &Device, keep_bf16: bool) -> Result<Weight> {
+    fn get_with(&self, name: &str, shape: &[usize], dtype: DType, device: &Device, keep_half: bool) -> Result<Weight> {
         let w = match self {
-            WeightSource::Safetensors(s) => Weight::Dense(s.load(name, dtype, device, keep_bf16)?),
-            WeightSource::Gguf(g) => g.load(name, dtype, device, keep_bf16)?,
+            WeightSource::Safetensors(s) => Weight::Dense(s.load(name, dtype, device, keep_half)?),
+            WeightSource::Gguf(g) => g.load(name, dtype, device, keep_half)?,
         };
         let found = w.dims();
         if found != shape {
@@ -199,7 +199,7 @@ impl SafetensorsFiles {
         Ok(Self { dir: dir.to_path_buf(), files, index })
     }
 
-    fn load(&self, name: &str, dtype: DType, device: &Device, keep_bf16: bool) -> Result<Tensor> {
+    fn load(&self, name: &str, dtype: DType, device: &Device, keep_half: bool) -> Result<Tensor> {
         let &fi = self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             file: if self.files.len() == 1 { self.files[0].path.clone() } else { self.dir.clone() },
             name: name.to_string(),
@@ -224,7 +224,8 @@ impl SafetensorsFiles {
         }
         let t = Tensor::from_raw_buffer(bytes, src_dtype, &info.shape, device).map_err(|e| bad(e.to_string()))?;
         release(&f.mmap, f.data_start + start, end - start);
-        Ok(if src_dtype == dtype || (keep_bf16 && src_dtype == DType::BF16) { t } else { t.to_dtype(dtype)? })
+        let keep = keep_half && matches!(src_dtype, DType::BF16 | DType::F16);
+        Ok(if src_dtype == dtype || keep { t } else { t.to_dtype(dtype)? })
     }
 
     fn tensors(&self) -> Vec<TensorMeta> {
@@ -279,7 +280,7 @@ impl GgufWeights {
         &self.content.metadata
     }
 
-    fn load(&self, hf_name: &str, dtype: DType, device: &Device, keep_bf16: bool) -> Result<Weight> {
+    fn load(&self, hf_name: &str, dtype: DType, device: &Device, keep_half: bool) -> Result<Weight> {
         let name = hf_to_gguf_name(hf_name);
         if !self.content.tensor_infos.contains_key(&name) {
             return Err(ModelError::MissingTensor { file: self.path.clone(), name });
@@ -301,7 +302,8 @@ impl GgufWeights {
             && !(q.shape().dims().last().copied().unwrap_or(0) / q.dtype().block_size()).is_multiple_of(2);
         Ok(match q.dtype() {
             // Widened to f32 and narrowed back: exact for values that were bf16.
-            GgmlDType::BF16 if keep_bf16 => Weight::Dense(q.dequantize(device)?.to_dtype(DType::BF16)?),
+            GgmlDType::BF16 if keep_half => Weight::Dense(q.dequantize(device)?.to_dtype(DType::BF16)?),
+            GgmlDType::F16 if keep_half => Weight::Dense(q.dequantize(device)?.to_dtype(DType::F16)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
             _ if odd_rows => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
             _ => Weight::Quantized(q),

@@ -15,9 +15,14 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden")
 }
 
+/// The model with bf16 weights in exact f32 products whatever the CPU: this gate measures what the
+/// KV cache's precision costs, and bf16 activations (rounded afresh after every perturbed key)
+/// would blur it. The dot path has its own gate in `golden.rs`.
 fn load(dir: &Path) -> Qwen2Model {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
-    Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
+    flint_model::linear::with_bf16_compute(flint_model::kernels::matmul_f32::Bf16Compute::WidenF32, || {
+        Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
+    })
 }
 
 /// The small model's weights with the YaRN ×4 config (as `golden.rs` assembles it).

@@ -40,6 +40,8 @@ enum PanelData {
     Bf16(HugeBuf<u16>),
     /// bf16 bit patterns in [`matmul_bf16`]'s `[out/16][in/2][16][2]`, for bf16 dot products.
     Bf16Pairs(HugeBuf<u16>),
+    /// IEEE half bit patterns, `[out/16][in][16]`, widened to f32 (exactly) for the products.
+    F16(HugeBuf<u16>),
 }
 
 /// How a bf16 weight is multiplied: its exact f32 value times the f32 activations, or in bf16 dot
@@ -100,6 +102,7 @@ impl std::fmt::Display for Bf16Compute {
 enum Panel<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    F16(&'a [u16]),
 }
 
 impl Panel<'_> {
@@ -108,8 +111,32 @@ impl Panel<'_> {
         match self {
             Panel::F32(v) => v[i],
             Panel::Bf16(v) => bf16_to_f32(v[i]),
+            Panel::F16(v) => half::f16::from_bits(v[i]).to_f32(),
         }
     }
+
+    /// The element kind, as the SIMD loads' const parameter.
+    fn kind(self) -> u8 {
+        match self {
+            Panel::F32(_) => x86k::F32,
+            Panel::Bf16(_) => x86k::BF16,
+            Panel::F16(_) => x86k::F16,
+        }
+    }
+
+    fn ptr(self) -> *const u8 {
+        match self {
+            Panel::F32(v) => v.as_ptr().cast(),
+            Panel::Bf16(v) | Panel::F16(v) => v.as_ptr().cast(),
+        }
+    }
+}
+
+/// Element kinds of a panel, for the SIMD loads.
+mod x86k {
+    pub const F32: u8 = 0;
+    pub const BF16: u8 = 1;
+    pub const F16: u8 = 2;
 }
 
 #[inline(always)]
@@ -145,10 +172,16 @@ impl PackedF32 {
         Self { out, inp, data }
     }
 
-    /// How a bf16 weight is computed (`None` for f32 weights).
+    /// Pack a row-major `[out, in]` matrix of IEEE half bit patterns, kept in f16 (widened to
+    /// f32 as it is read, with F16C where the CPU has it).
+    pub fn pack_f16(w: &[u16], out: usize, inp: usize) -> Self {
+        Self { out, inp, data: PanelData::F16(to_panels(w, out, inp)) }
+    }
+
+    /// How a bf16 weight is computed (`None` for f32 and f16 weights).
     pub fn bf16_compute(&self) -> Option<Bf16Compute> {
         match self.data {
-            PanelData::F32(_) => None,
+            PanelData::F32(_) | PanelData::F16(_) => None,
             PanelData::Bf16(_) => Some(Bf16Compute::WidenF32),
             PanelData::Bf16Pairs(_) => Some(Bf16Compute::Dot),
         }
@@ -160,6 +193,7 @@ impl PackedF32 {
         match &self.data {
             PanelData::F32(v) => Panel::F32(&v[span]),
             PanelData::Bf16(v) => Panel::Bf16(&v[span]),
+            PanelData::F16(v) => Panel::F16(&v[span]),
             PanelData::Bf16Pairs(_) => unreachable!("pair panels are read by matmul_bf16"),
         }
     }
@@ -238,9 +272,9 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>])
     }
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
-    // With several row tiles each bf16 panel would be widened once per tile; widen it once into
-    // a scratch panel instead (exact, so the same bits) and run the f32 loop on that.
-    let widen = matches!(w.data, PanelData::Bf16(_)) && m > ROWS;
+    // With several row tiles each 16-bit panel would be widened once per tile; widen it once
+    // into a scratch panel instead (exact, so the same bits) and run the f32 loop on that.
+    let widen = matches!(w.data, PanelData::Bf16(_) | PanelData::F16(_)) && m > ROWS;
     let n = w.inp * PANEL;
     by_panel_stripes(m, w.out, PANEL, 2, y, |p0, p1, stripe| {
         let mut scratch = if widen { vec![0f32; 2 * n] } else { Vec::new() };
@@ -250,9 +284,8 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>])
             let (pa, pb) = if widen {
                 let (sa, sb) = scratch.split_at_mut(n);
                 for (j, dst) in [sa, sb].into_iter().enumerate().take(1 + usize::from(pair)) {
-                    if let Panel::Bf16(src) = w.panel(p + j) {
-                        dst.iter_mut().zip(src).for_each(|(d, &b)| *d = bf16_to_f32(b));
-                    }
+                    let src = w.panel(p + j);
+                    dst.iter_mut().enumerate().for_each(|(i, d)| *d = src.at(i));
                 }
                 (Panel::F32(&scratch[..n]), Panel::F32(&scratch[n..]))
             } else {
@@ -283,16 +316,22 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>])
 /// `acc[i][c] = Σ_k x[i][k] · panel[k][c]` for `rows ≤ 4` rows, k ascending, one FMA per term.
 fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f32; PANEL]; ROWS]) {
     // SAFETY (all arms): `detect_isa` (or the caller, in tests, after checking) confirmed the
-    // features; the pointers are to a whole panel of `k · PANEL` values.
-    match (isa, panel) {
+    // features (AVX2 implies F16C here); the pointers are to a whole panel of `k · PANEL` values
+    // of the kind named.
+    let (kind, p) = (panel.kind(), panel.ptr());
+    match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, Panel::F32(p)) => unsafe { x86::tile_avx512::<false>(x, rows, k, p.as_ptr().cast(), acc) },
+        (Isa::Avx512, x86k::F32) => unsafe { x86::tile_avx512::<{ x86k::F32 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, Panel::Bf16(p)) => unsafe { x86::tile_avx512::<true>(x, rows, k, p.as_ptr().cast(), acc) },
+        (Isa::Avx512, x86k::BF16) => unsafe { x86::tile_avx512::<{ x86k::BF16 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2Fma, Panel::F32(p)) => unsafe { x86::tile_avx2::<false>(x, rows, k, p.as_ptr().cast(), acc) },
+        (Isa::Avx512, _) => unsafe { x86::tile_avx512::<{ x86k::F16 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2Fma, Panel::Bf16(p)) => unsafe { x86::tile_avx2::<true>(x, rows, k, p.as_ptr().cast(), acc) },
+        (Isa::Avx2Fma, x86k::F32) => unsafe { x86::tile_avx2::<{ x86k::F32 }>(x, rows, k, p, acc) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, x86k::BF16) => unsafe { x86::tile_avx2::<{ x86k::BF16 }>(x, rows, k, p, acc) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2Fma, _) => unsafe { x86::tile_avx2::<{ x86k::F16 }>(x, rows, k, p, acc) },
         _ => tile_scalar(x, rows, k, panel, acc),
     }
 }
@@ -314,13 +353,13 @@ fn tile_pair(
         // SAFETY: AVX-512F confirmed by the caller's `isa`; `x` holds `rows` rows of `k`, each
         // panel `k · PANEL` values of the element type the flag names.
         unsafe {
-            match (p0, p1) {
-                (Panel::F32(a), Panel::F32(b)) => {
-                    return x86::tile_pair_avx512::<false>(x, rows, k, a.as_ptr().cast(), b.as_ptr().cast(), acc0, acc1)
+            let (a, b) = (p0.ptr(), p1.ptr());
+            match (p0.kind(), p1.kind()) {
+                (x86k::F32, x86k::F32) => return x86::tile_pair_avx512::<{ x86k::F32 }>(x, rows, k, a, b, acc0, acc1),
+                (x86k::BF16, x86k::BF16) => {
+                    return x86::tile_pair_avx512::<{ x86k::BF16 }>(x, rows, k, a, b, acc0, acc1)
                 }
-                (Panel::Bf16(a), Panel::Bf16(b)) => {
-                    return x86::tile_pair_avx512::<true>(x, rows, k, a.as_ptr().cast(), b.as_ptr().cast(), acc0, acc1)
-                }
+                (x86k::F16, x86k::F16) => return x86::tile_pair_avx512::<{ x86k::F16 }>(x, rows, k, a, b, acc0, acc1),
                 _ => {}
             }
         }
@@ -343,43 +382,49 @@ fn tile_scalar(x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f32; 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::x86k::{BF16, F16, F32};
     use super::{PANEL, ROWS};
     use std::arch::x86_64::*;
 
     const PREFETCH_STEPS: usize = 32;
 
-    /// Sixteen panel values from element `i` on, widened to f32 (bf16: exactly, by a shift).
+    /// Sixteen panel values from element `i` on, widened to f32 (exactly: bf16 by a shift, f16
+    /// by `vcvtph2ps`).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn ld16<const BF16: bool>(base: *const u8, i: usize) -> __m512 {
-        if BF16 {
-            let h = _mm256_loadu_si256(base.add(i * 2) as *const __m256i);
-            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-        } else {
-            _mm512_loadu_ps(base.add(i * 4) as *const f32)
+    unsafe fn ld16<const K: u8>(base: *const u8, i: usize) -> __m512 {
+        match K {
+            BF16 => {
+                let h = _mm256_loadu_si256(base.add(i * 2) as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+            }
+            F16 => _mm512_cvtph_ps(_mm256_loadu_si256(base.add(i * 2) as *const __m256i)),
+            _ => _mm512_loadu_ps(base.add(i * 4) as *const f32),
         }
     }
 
     /// Eight panel values from element `i` on, widened to f32.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn ld8<const BF16: bool>(base: *const u8, i: usize) -> __m256 {
-        if BF16 {
-            let h = _mm_loadu_si128(base.add(i * 2) as *const __m128i);
-            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-        } else {
-            _mm256_loadu_ps(base.add(i * 4) as *const f32)
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn ld8<const K: u8>(base: *const u8, i: usize) -> __m256 {
+        match K {
+            BF16 => {
+                let h = _mm_loadu_si128(base.add(i * 2) as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            }
+            F16 => _mm256_cvtph_ps(_mm_loadu_si128(base.add(i * 2) as *const __m128i)),
+            _ => _mm256_loadu_ps(base.add(i * 4) as *const f32),
         }
     }
 
     /// The byte address of panel element `i` (for prefetching; may point past the panel).
     #[inline(always)]
-    fn at<const BF16: bool>(base: *const u8, i: usize) -> *const i8 {
-        base.wrapping_add(i * if BF16 { 2 } else { 4 }) as *const i8
+    fn at<const K: u8>(base: *const u8, i: usize) -> *const i8 {
+        base.wrapping_add(i * if K == F32 { 4 } else { 2 }) as *const i8
     }
 
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_avx512<const BF16: bool>(
+    pub unsafe fn tile_avx512<const K: u8>(
         x: &[f32],
         rows: usize,
         k: usize,
@@ -390,8 +435,8 @@ mod x86 {
         for (i, dst) in acc.iter_mut().enumerate().take(rows) {
             let mut a = _mm512_setzero_ps();
             for kk in 0..k {
-                _mm_prefetch(at::<BF16>(wp, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
-                a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * k + kk)), ld16::<BF16>(wp, kk * PANEL), a);
+                _mm_prefetch(at::<K>(wp, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+                a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * k + kk)), ld16::<K>(wp, kk * PANEL), a);
             }
             _mm512_storeu_ps(dst.as_mut_ptr(), a);
         }
@@ -400,7 +445,7 @@ mod x86 {
     /// Two panels, the row count made a constant so the accumulators are registers.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_pair_avx512<const BF16: bool>(
+    pub unsafe fn tile_pair_avx512<const K: u8>(
         x: &[f32],
         rows: usize,
         k: usize,
@@ -410,20 +455,20 @@ mod x86 {
         acc1: &mut [[f32; PANEL]; ROWS],
     ) {
         match rows {
-            1 => tile_rx2::<1, BF16>(x, k, w0, w1, acc0, acc1),
-            2 => tile_rx2::<2, BF16>(x, k, w0, w1, acc0, acc1),
-            3 => tile_rx2::<3, BF16>(x, k, w0, w1, acc0, acc1),
-            4 => tile_rx2::<4, BF16>(x, k, w0, w1, acc0, acc1),
-            5 => tile_rx2::<5, BF16>(x, k, w0, w1, acc0, acc1),
-            6 => tile_rx2::<6, BF16>(x, k, w0, w1, acc0, acc1),
-            7 => tile_rx2::<7, BF16>(x, k, w0, w1, acc0, acc1),
-            _ => tile_rx2::<8, BF16>(x, k, w0, w1, acc0, acc1),
+            1 => tile_rx2::<1, K>(x, k, w0, w1, acc0, acc1),
+            2 => tile_rx2::<2, K>(x, k, w0, w1, acc0, acc1),
+            3 => tile_rx2::<3, K>(x, k, w0, w1, acc0, acc1),
+            4 => tile_rx2::<4, K>(x, k, w0, w1, acc0, acc1),
+            5 => tile_rx2::<5, K>(x, k, w0, w1, acc0, acc1),
+            6 => tile_rx2::<6, K>(x, k, w0, w1, acc0, acc1),
+            7 => tile_rx2::<7, K>(x, k, w0, w1, acc0, acc1),
+            _ => tile_rx2::<8, K>(x, k, w0, w1, acc0, acc1),
         }
     }
 
     /// `R` rows against two panels: 2·R accumulators, each still one in-order FMA chain.
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile_rx2<const R: usize, const BF16: bool>(
+    unsafe fn tile_rx2<const R: usize, const K: u8>(
         x: &[f32],
         k: usize,
         w0: *const u8,
@@ -437,10 +482,10 @@ mod x86 {
             // One cache line (or half of one) of each panel per step, prefetched well ahead:
             // a single row's FMA chain alone does not keep enough misses in flight to stream
             // memory.
-            _mm_prefetch(at::<BF16>(w0, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
-            _mm_prefetch(at::<BF16>(w1, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
-            let v0 = ld16::<BF16>(w0, kk * PANEL);
-            let v1 = ld16::<BF16>(w1, kk * PANEL);
+            _mm_prefetch(at::<K>(w0, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+            _mm_prefetch(at::<K>(w1, (kk + PREFETCH_STEPS) * PANEL), _MM_HINT_T0);
+            let v0 = ld16::<K>(w0, kk * PANEL);
+            let v1 = ld16::<K>(w1, kk * PANEL);
             for i in 0..R {
                 let xv = _mm512_set1_ps(*xp.add(i * k + kk));
                 a[i] = _mm512_fmadd_ps(xv, v0, a[i]);
@@ -453,8 +498,8 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_avx2<const BF16: bool>(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile_avx2<const K: u8>(
         x: &[f32],
         rows: usize,
         k: usize,
@@ -465,8 +510,8 @@ mod x86 {
             let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for kk in 0..k {
                 let xv = _mm256_set1_ps(*x.as_ptr().add(i * k + kk));
-                lo = _mm256_fmadd_ps(xv, ld8::<BF16>(wp, kk * PANEL), lo);
-                hi = _mm256_fmadd_ps(xv, ld8::<BF16>(wp, kk * PANEL + 8), hi);
+                lo = _mm256_fmadd_ps(xv, ld8::<K>(wp, kk * PANEL), lo);
+                hi = _mm256_fmadd_ps(xv, ld8::<K>(wp, kk * PANEL + 8), hi);
             }
             _mm256_storeu_ps(dst.as_mut_ptr(), lo);
             _mm256_storeu_ps(dst.as_mut_ptr().add(8), hi);
@@ -571,6 +616,29 @@ mod tests {
         let mut r = [0f32; 45];
         pb.row(30, &mut r);
         assert_eq!(&r[..], &up[30 * inp..31 * inp]);
+    }
+
+    /// f16 panels likewise give the bits of the upcast weights, subnormal halves included.
+    #[test]
+    fn f16_panels_match_the_upcast_weights_bit_for_bit() {
+        let (out, inp) = (37, 45);
+        let mut bits: Vec<u16> = data(out * inp, 15).iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        bits[3] = 0x0001; // the smallest subnormal half
+        bits[50] = 0x83ff; // a negative subnormal
+        let up: Vec<f32> = bits.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect();
+        let (ph, pf) = (PackedF32::pack_f16(&bits, out, inp), PackedF32::pack(&up, out, inp));
+        for m in [1, 2, 5, 8, 11] {
+            let x = data(m * inp, 16 + m as u32);
+            for isa in isas() {
+                let (mut yh, mut yf) = (vec![0f32; m * out], vec![0f32; m * out]);
+                matmul_with(isa, &x, m, &ph, &mut yh);
+                matmul_with(isa, &x, m, &pf, &mut yf);
+                assert_eq!(yh, yf, "{isa:?} m={m}");
+            }
+        }
+        let mut r = [0f32; 45];
+        ph.row(1, &mut r);
+        assert_eq!(&r[..], &up[inp..2 * inp]);
     }
 
     /// `matmul_uninit` writes every output (the caller treats the buffer as initialised after).
