@@ -158,14 +158,14 @@ impl Qwen2Model {
         self.dtype
     }
 
-    /// True when a sequence's logits cannot depend on the rest of its batch: every projection
-    /// runs a row-independent kernel (f32 or bf16 weights on the CPU, or GGUF-quantized). f16
-    /// weights, and dense weights on other devices, go through candle's dense matmul, which is not.
     /// How the bf16 weights are computed, `None` when none is bf16 on the CPU.
     pub fn bf16_compute(&self) -> Option<crate::kernels::matmul_f32::Bf16Compute> {
         self.layers.iter().flat_map(|l| [&l.q_proj, &l.down_proj]).chain([&self.lm_head]).find_map(|p| p.bf16_compute())
     }
 
+    /// True when a sequence's logits cannot depend on the rest of its batch: every projection
+    /// runs a row-independent kernel (f32, bf16 or f16 weights on the CPU, or GGUF-quantized).
+    /// Dense weights on other devices go through candle's dense matmul, which is not.
     pub fn is_batch_invariant(&self) -> bool {
         self.lm_head.is_row_independent()
             && self.layers.iter().all(|l| {

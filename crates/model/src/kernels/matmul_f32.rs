@@ -284,8 +284,7 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>])
             let (pa, pb) = if widen {
                 let (sa, sb) = scratch.split_at_mut(n);
                 for (j, dst) in [sa, sb].into_iter().enumerate().take(1 + usize::from(pair)) {
-                    let src = w.panel(p + j);
-                    dst.iter_mut().enumerate().for_each(|(i, d)| *d = src.at(i));
+                    widen_into(isa, w.panel(p + j), dst);
                 }
                 (Panel::F32(&scratch[..n]), Panel::F32(&scratch[n..]))
             } else {
@@ -311,6 +310,24 @@ fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>])
             }
         }
     });
+}
+
+/// A 16-bit panel's values as f32 (exact), for the multi-tile loop.
+fn widen_into(isa: Isa, src: Panel, dst: &mut [f32]) {
+    match src {
+        Panel::F32(v) => dst.copy_from_slice(v),
+        Panel::Bf16(v) => dst.iter_mut().zip(v).for_each(|(d, &b)| *d = bf16_to_f32(b)),
+        Panel::F16(v) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa != Isa::Scalar {
+                // SAFETY: AVX2 (which implies F16C here) confirmed by `isa`; equal lengths.
+                return unsafe { x86::widen_f16(v, dst) };
+            }
+            let _ = isa;
+            // half's conversion in software: exact, as `vcvtph2ps` is, but slow.
+            dst.iter_mut().zip(v).for_each(|(d, &b)| *d = half::f16::from_bits(b).to_f32())
+        }
+    }
 }
 
 /// `acc[i][c] = Σ_k x[i][k] · panel[k][c]` for `rows ≤ 4` rows, k ascending, one FMA per term.
@@ -495,6 +512,15 @@ mod x86 {
         for i in 0..R {
             _mm512_storeu_ps(acc0[i].as_mut_ptr(), a[i]);
             _mm512_storeu_ps(acc1[i].as_mut_ptr(), b[i]);
+        }
+    }
+
+    /// `dst[i] = f32(src[i])` for IEEE halves, eight at a time (`src.len()` is a multiple of 16).
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn widen_f16(src: &[u16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len());
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i)));
         }
     }
 
