@@ -1,5 +1,6 @@
-//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. On the CPU, f32 and
-//! bf16 weights go through flint's batch-invariant f32 kernel ([`crate::kernels::matmul_f32`]),
+//! A projection `y = x·Wᵀ (+ b)` whose weight is dense or GGUF-quantized. On the CPU, f32, bf16
+//! and f16 weights go through flint's batch-invariant kernel ([`crate::kernels::matmul_f32`];
+//! bf16 possibly in [`crate::kernels::matmul_bf16`]'s dot products),
 //! Q8_0/Q4_0/Q4_K/Q6_K through its int8 kernel ([`crate::kernels::matmul_q8`]); other types and
 //! devices through candle (whose quantized CPU kernels are row-independent too).
 
@@ -225,10 +226,15 @@ thread_local! {
 /// [`Bf16Compute::native`]: the golden tests pin the exact f32 path, and test the bf16 dot path
 /// through its emulation on CPUs without the instruction.
 pub fn with_bf16_compute<R>(compute: Bf16Compute, f: impl FnOnce() -> R) -> R {
-    let before = BF16_COMPUTE.with(|c| c.replace(Some(compute)));
-    let r = f();
-    BF16_COMPUTE.with(|c| c.set(before));
-    r
+    /// Restores the previous setting however `f` ends (a panicking test included).
+    struct Restore(Option<Bf16Compute>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BF16_COMPUTE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(BF16_COMPUTE.with(|c| c.replace(Some(compute))));
+    f()
 }
 
 /// Pack a dense `[out, in]` weight for the CPU kernel: bf16 stays bf16 (computed as

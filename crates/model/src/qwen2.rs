@@ -23,7 +23,8 @@ use crate::weights::{Weight, WeightSource};
 
 enum Embedding {
     Dense(Tensor),
-    /// A tied f32 embedding read back from the lm_head's packed panels (one copy in memory).
+    /// A tied f32/bf16/f16 embedding read back from the lm_head's packed panels (one copy in
+    /// memory).
     Packed(Arc<PackedF32>),
     Quantized(Arc<QTensor>),
 }

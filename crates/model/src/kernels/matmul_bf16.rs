@@ -1,10 +1,11 @@
 //! `y = x·Wᵀ` for bf16 weights in bf16 arithmetic: AVX-512 BF16's `vdpbf16ps`, two bf16
 //! products per f32 lane per instruction, where the CPU has it.
 //!
-//! Widening bf16 weights to f32 (what [`super::matmul_f32`] does) costs two loads, a widen, a
+//! Widening bf16 weights to f32 (what [`super::matmul_f32`] does) costs a load, a widen, a
 //! shift and an FMA per 16 products; `vdpbf16ps` does 32 products in one instruction straight
-//! from the stored bits, which doubles the arithmetic rate of prefill and takes decode closer to
-//! memory speed. The price is the activations: each row of `x` is rounded to bf16 (to nearest,
+//! from the stored bits. Where it issues as often as an FMA (AMD Zen 4, by its instruction
+//! tables) that doubles the arithmetic rate of prefill; where it issues half as often (this
+//! project's Xeon) it does not, so [`dot_speedup`] measures which. The price is the activations: each row of `x` is rounded to bf16 (to nearest,
 //! ties to even) before the products, as llama.cpp does and as transformers does when it runs a
 //! bf16 checkpoint in bf16.
 //!
@@ -100,16 +101,40 @@ fn flush(v: f32) -> f32 {
     }
 }
 
+/// `w·x + acc` with one rounding, as `vdpbf16ps` adds each product: a result that is tiny after
+/// rounding to 24 bits with an unbounded exponent is flushed to a zero of its sign.
+#[inline(always)]
+fn fma_ftz(w: f32, x: f32, acc: f32) -> f32 {
+    let r = w.mul_add(x, acc);
+    if r.abs() != f32::MIN_POSITIVE {
+        // Normal and above the smallest normal: IEEE rounding is the unbounded one. Subnormal
+        // or zero: the exact value lies below the smallest normal by more than half a step.
+        return flush(r);
+    }
+    // IEEE rounded up to the smallest normal, from as far as 2^-150 below it; at 24 bits the
+    // grid below it is 2^-150, so the unbounded rounding reaches it only from 2^-151 below or
+    // closer (ties to even). Measured on the instruction: 2^-126 − 2^-151 stays 2^-126,
+    // 2^-126 − 2^-150 becomes 0. In f64 both terms and the difference are exact here (a result
+    // this small leaves no room for large cancelling operands), and the sign of the sum is.
+    let threshold = f32::MIN_POSITIVE as f64 - 2f64.powi(-151);
+    let s = if r > 0.0 { 1.0 } else { -1.0 };
+    if s * ((acc as f64 - s * threshold) + w as f64 * x as f64) < 0.0 {
+        f32::from_bits(r.to_bits() & 0x8000_0000)
+    } else {
+        r
+    }
+}
+
 /// One lane of `vdpbf16ps`: `acc + w₁·x₁ + w₀·x₀` for the bf16 pairs `w` and `x` (element 0
 /// in the low half), as the instruction computes it: the odd product first, each product exact
-/// and added with one rounding to nearest even, subnormal inputs read as zero and subnormal
-/// results flushed to zero.
+/// and added with one rounding to nearest even, subnormal inputs read as zero and results tiny
+/// after rounding flushed to zero ([`fma_ftz`]).
 #[inline(always)]
 pub fn dpbf16(acc: f32, w: u32, x: u32) -> f32 {
     let (w0, w1) = (widen_daz(w as u16), widen_daz((w >> 16) as u16));
     let (x0, x1) = (widen_daz(x as u16), widen_daz((x >> 16) as u16));
-    let t = flush(w1.mul_add(x1, flush(acc)));
-    flush(w0.mul_add(x0, t))
+    let t = fma_ftz(w1, x1, flush(acc));
+    fma_ftz(w0, x0, t)
 }
 
 /// Whether this CPU runs `vdpbf16ps` (and the ISA cap allows it).
@@ -122,8 +147,9 @@ pub fn simd_available() -> bool {
 /// microseconds, best of three interleaved rounds.
 ///
 /// The instruction's speed is the microarchitecture's: on a Sapphire Rapids-class Xeon it
-/// retires one every two cycles (measured here 39.5 against 80.9 GMAC/s for FMAs, 0.49×), on
-/// AMD Zen 4 one 512-bit op per cycle against one FMA (2×). The choice between the two
+/// retires one every two cycles (measured here 39.5 against 80.9 GMAC/s for FMAs, 0.49×); AMD
+/// Zen 4 is expected to issue one per cycle against one 512-bit FMA (2×; not measured here). The
+/// choice between the two
 /// products needs the ratio, and a measured one covers CPUs no table lists; the margin between
 /// 0.5 and 2 is far wider than the noise of a shared machine.
 pub fn dot_speedup() -> Option<f64> {
@@ -218,8 +244,9 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn time_dot(n: usize) -> f64 {
         let mut a = [_mm512_setzero_ps(); 16];
-        let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
-        let x = std::hint::black_box(w);
+        // Opaque operands, or the compiler may simplify the arithmetic it is timing.
+        let one_pair = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3f80_3f80));
+        let (w, x) = std::hint::black_box((one_pair, one_pair));
         let t = std::time::Instant::now();
         for _ in 0..n {
             for acc in a.iter_mut() {
@@ -234,8 +261,8 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn time_fma(n: usize) -> f64 {
         let mut a = [_mm512_setzero_ps(); 16];
-        let w = _mm512_set1_ps(1.0);
-        let x = std::hint::black_box(w);
+        // Opaque operands: a constant 1.0 factor would let the compiler time additions instead.
+        let (w, x) = std::hint::black_box((_mm512_set1_ps(1.0), _mm512_set1_ps(1e-9)));
         let t = std::time::Instant::now();
         for _ in 0..n {
             for acc in a.iter_mut() {
@@ -355,6 +382,17 @@ mod tests {
         assert_eq!(dpbf16(1e-39, 0, 0), 0.0);
         // Subnormal bf16 inputs read as zero.
         assert_eq!(dpbf16(1.0, 0x0001 << 16, ones), 1.0);
+        // Tininess after rounding at 24 bits (read off the instruction on a Xeon): the smallest
+        // normal minus 2^-151 rounds back up to it and stays; minus 2^-150 (where IEEE's
+        // subnormal rounding ties up to the smallest normal) or 0.75·2^-150 is flushed.
+        let min = f32::MIN_POSITIVE;
+        let p = |a: f32| round_to_bf16(a) as u32;
+        assert_eq!(dpbf16(min, p(-(2f32.powi(-75))) << 16, p(2f32.powi(-76)) << 16), min);
+        assert_eq!(dpbf16(min, p(-(2f32.powi(-75))) << 16, p(2f32.powi(-75)) << 16), 0.0);
+        assert_eq!(dpbf16(min, p(-1.5 * 2f32.powi(-75)) << 16, p(2f32.powi(-76)) << 16), 0.0);
+        assert_eq!(dpbf16(-min, p(2f32.powi(-75)) << 16, p(2f32.powi(-76)) << 16), -min);
+        // Flushed to −0, then the even product +0 is added: +0, as on the instruction.
+        assert_eq!(dpbf16(-min, p(2f32.powi(-75)) << 16, p(2f32.powi(-75)) << 16).to_bits(), 0);
         assert_eq!(dpbf16(0.5, pair(2.0, 3.0), pair(4.0, 5.0)), 0.5 + 15.0 + 8.0);
     }
 
@@ -376,6 +414,24 @@ mod tests {
                 3 => 1e30,
                 _ => 1.0,
             };
+        }
+        // The flush boundary below the smallest normal: per column, pair 0 makes the
+        // accumulator ±2^-126 (2^-63·2^-63) and pair 1's odd product takes it just below the
+        // boundary, onto it, or past it.
+        let e = |k: i32| 2f32.powi(k);
+        let odd = [-e(-75), -1.5 * e(-75), -e(-74), -e(-76), e(-80), -e(-63)];
+        let mut wb = vec![0f32; 16 * 4];
+        for c in 0..16 {
+            let s = if c % 2 == 0 { 1.0 } else { -1.0 };
+            wb[c * 4] = s * e(-63);
+            wb[c * 4 + 3] = s * odd[c % odd.len()];
+        }
+        for x3 in [e(-76), e(-75), e(-74)] {
+            let x = [e(-63), 0.0, 0.0, x3];
+            let packed = to_pair_panels(&bits(&wb), 16, 4);
+            let (simd, emul) = (matmul(true, &x, 1, &packed, 16, 4), matmul(false, &x, 1, &packed, 16, 4));
+            let same = simd.iter().zip(&emul).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "flush boundary x3={x3:e}: SIMD {simd:?} vs emulation {emul:?}");
         }
         for (out, inp, w) in [(37, 45, data(37 * 45, 1)), (64, 45, corner.clone())] {
             let packed = to_pair_panels(&bits(&w), out, inp);

@@ -11,8 +11,9 @@
 //! A bf16 checkpoint keeps its weights in bf16: half the bytes to stream per token. Packed for
 //! [`Bf16Compute::WidenF32`], the panels are widened as they are read (exact, a 16-bit shift), so
 //! the products, and the bits, are those of the same weights upcast to f32. Packed for
-//! [`Bf16Compute::Dot`] (the default where the CPU has AVX-512 BF16), they are in
-//! [`super::matmul_bf16`]'s pair layout and computed in bf16 dot products.
+//! [`Bf16Compute::Dot`] (the default where the CPU has AVX-512 BF16 and it outpaces f32 FMAs),
+//! they are in [`super::matmul_bf16`]'s pair layout and computed in bf16 dot products. f16
+//! weights stay f16, widened exactly as read.
 
 use std::mem::MaybeUninit;
 
@@ -45,7 +46,8 @@ enum PanelData {
 }
 
 /// How a bf16 weight is multiplied: its exact f32 value times the f32 activations, or in bf16 dot
-/// products (activations rounded to bf16; twice the arithmetic rate on AVX-512 BF16).
+/// products (activations rounded to bf16; 32 products per instruction, which is faster where the
+/// CPU issues `vdpbf16ps` as often as FMAs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bf16Compute {
     WidenF32,

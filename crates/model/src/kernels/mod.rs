@@ -16,8 +16,9 @@ use std::sync::OnceLock;
 
 /// The widest x86 vector extension the kernels may use. `FLINT_CPU_ISA` (`scalar`, `avx2`,
 /// `avx512`, `avx512bf16`/`native`) lowers it from what the CPU has, to measure or work around a
-/// path. Every path gives the same bits but one: below `avx512bf16`, bf16 weights are computed in
-/// f32 (exact products) rather than in bf16 dot products (activations rounded to bf16).
+/// path. Every path gives the same bits but one: `avx512bf16` allows bf16 weights to be computed
+/// in bf16 dot products (activations rounded to bf16) where they are faster; below it they are
+/// always computed in exact f32 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IsaCap {
     Scalar,
