@@ -329,18 +329,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 20_000) as f32 / 10_000.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_data as data;
 
     fn bits(v: &[f32]) -> Vec<u16> {
         v.iter().map(|&x| round_to_bf16(x)).collect()

@@ -206,6 +206,20 @@ fn panel_ranges(panels: usize, group: usize, threads: usize) -> Vec<(usize, usiz
     ranges
 }
 
+/// `n` values in [-1, 1) from a xorshift stream: the matrix kernels' test data.
+#[cfg(test)]
+pub(crate) fn test_data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 20_000) as f32 / 10_000.0 - 1.0
+        })
+        .collect()
+}
+
 /// The values of an output the tests pre-filled (with NaN) before a kernel wrote into it.
 #[cfg(test)]
 pub(crate) fn written(y: &[MaybeUninit<f32>]) -> Vec<f32> {
