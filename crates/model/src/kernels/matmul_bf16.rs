@@ -22,6 +22,8 @@
 use std::mem::MaybeUninit;
 
 use super::huge_buf::HugeBuf;
+// Rounding to the nearest bf16, ties to even (NaN stays NaN): the KV cache's own conversion.
+use super::kv_quant::to_bf16 as round_to_bf16;
 use super::matmul_f32::PANEL;
 use super::{by_panel_stripes, Stripe};
 
@@ -53,16 +55,6 @@ pub(crate) fn to_pair_panels(w: &[u16], out: usize, inp: usize) -> HugeBuf<u16> 
 #[inline(always)]
 pub(crate) fn index_in_panel(k: usize, c: usize) -> usize {
     (k / 2) * STEP + c * 2 + k % 2
-}
-
-/// Round to the nearest bf16, ties to even (NaN stays NaN).
-#[inline(always)]
-pub fn round_to_bf16(v: f32) -> u16 {
-    let b = v.to_bits();
-    if v.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 /// `x` (`[m, inp]`) rounded to bf16, each k-pair packed in one `u32` (even k in the low half),
