@@ -14,6 +14,7 @@ use crate::request::{EngineEvent, Request};
 use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{SpecCounters, MAX_SPECULATIVE_TOKENS};
+use crate::structured::{GrammarCompiler, MaskHistogram};
 use crate::EngineError;
 
 /// A snapshot of the engine's state, refreshed after every step (for metrics and logs).
@@ -42,6 +43,8 @@ pub struct EngineStats {
     /// Entry `i`, for `i < spec_positions`: drafts whose token `i` was accepted.
     pub spec_accepted_per_pos: [u64; MAX_SPECULATIVE_TOKENS],
     pub spec_positions: usize,
+    /// Time spent computing grammar masks (structured outputs).
+    pub grammar_masks: MaskHistogram,
 }
 
 impl EngineStats {
@@ -73,6 +76,7 @@ struct Inner {
     tx: Mutex<mpsc::Sender<Command>>,
     sched: SchedulerConfig,
     info: ModelInfo,
+    grammars: Arc<GrammarCompiler>,
     stats: Arc<Mutex<EngineStats>>,
     alive: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -155,6 +159,8 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let sched = core.scheduler().config().clone();
         let info = core.info().clone();
+        let grammars =
+            Arc::new(GrammarCompiler::new(core.tokenizer().clone(), info.vocab_size, info.eos_token_ids.clone()));
         let stats = Arc::new(Mutex::new(EngineStats {
             num_blocks: sched.num_blocks,
             block_size: sched.block_size,
@@ -182,6 +188,7 @@ impl Engine {
                 tx: Mutex::new(tx),
                 sched,
                 info,
+                grammars,
                 stats,
                 alive,
                 thread: Mutex::new(thread),
@@ -196,6 +203,12 @@ impl Engine {
 
     pub fn model_info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    /// Compiles structured-output constraints for this model's vocabulary (call it off the async
+    /// workers: a first use builds the token trie, and a big schema takes milliseconds).
+    pub fn grammars(&self) -> &Arc<GrammarCompiler> {
+        &self.inner.grammars
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -302,6 +315,7 @@ fn publish<R: ModelRunner>(core: &EngineCore<R>, stats: &Mutex<EngineStats>) {
         st.generation_tokens = core.counters.generation_tokens;
         st.steps = core.counters.steps;
         st.failed_steps = core.counters.failed_steps;
+        st.grammar_masks = core.mask_times;
         if let Some(cfg) = core.speculative() {
             let c = &core.spec_counters;
             st.spec_enabled = true;

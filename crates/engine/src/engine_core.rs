@@ -18,6 +18,7 @@ use crate::sampler::{token_logprobs, Sampler, TokenLogprobs};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqSpec, StepPlan};
 use crate::speculative::{Drafter, SpecCounters, SpecMethod, SpeculativeConfig};
 use crate::stop::StopStrings;
+use crate::structured::{GrammarState, MaskHistogram};
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 
@@ -72,6 +73,10 @@ struct Sample {
     queue_reported: bool,
     /// Proposes this sample's drafts when speculative decoding is on.
     drafter: Option<Drafter>,
+    /// The sample's walk through its request's grammar (structured outputs).
+    grammar: Option<GrammarState>,
+    /// The grammar's mask for the row being drawn, reused between rows.
+    mask: Vec<u32>,
 }
 
 /// What one sample's rows of a step produced: its new tokens (with logprobs) and how many draft
@@ -80,6 +85,11 @@ struct Drawn {
     tokens: Vec<(u32, Vec<TokenLogprobs>)>,
     proposed: usize,
     accepted: usize,
+    /// The grammar is complete after the last token: the sample ends there.
+    grammar_done: bool,
+    /// The grammar failed (nothing it allows, or a token it refuses): the request ends.
+    grammar_error: Option<String>,
+    masks: MaskHistogram,
 }
 
 /// Counters since start, for logs and metrics.
@@ -106,6 +116,8 @@ pub struct EngineCore<R: ModelRunner> {
     speculative: Option<SpeculativeConfig>,
     /// Speculative decoding's acceptance since start.
     pub spec_counters: SpecCounters,
+    /// Time spent computing grammar masks since start.
+    pub mask_times: MaskHistogram,
 }
 
 /// Validate `req` against the model and pool limits: every failure names the parameter.
@@ -155,6 +167,7 @@ impl<R: ModelRunner> EngineCore<R> {
             check_invariants: cfg!(debug_assertions),
             speculative: None,
             spec_counters: SpecCounters::default(),
+            mask_times: MaskHistogram::default(),
         }
     }
 
@@ -169,6 +182,10 @@ impl<R: ModelRunner> EngineCore<R> {
 
     pub fn runner_mut(&mut self) -> &mut R {
         &mut self.runner
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -213,6 +230,10 @@ impl<R: ModelRunner> EngineCore<R> {
             sampler.set_prompt(&req.prompt);
             let mut stop_ids: Vec<u32> = if params.ignore_eos { Vec::new() } else { self.info.eos_token_ids.clone() };
             stop_ids.extend(params.stop_token_ids.iter().copied());
+            let grammar = match &params.structured {
+                Some(so) => Some(GrammarState::new(&so.grammar, so.after.as_deref()).map_err(EngineError::Internal)?),
+                None => None,
+            };
             let spec = SeqSpec {
                 id: seq,
                 prompt: req.prompt.clone(),
@@ -237,6 +258,8 @@ impl<R: ModelRunner> EngineCore<R> {
                     scheduled: None,
                     queue_reported: false,
                     drafter: self.speculative.as_ref().map(Drafter::new),
+                    grammar,
+                    mask: Vec::new(),
                 },
             );
         }
@@ -381,6 +404,13 @@ impl<R: ModelRunner> EngineCore<R> {
     /// Emit a sample's new tokens in order, stopping where it finishes; after a verification,
     /// keep the accepted draft tokens in the cache and roll back the rest.
     fn take_drawn(&mut self, seq: SeqId, d: Drawn) {
+        self.mask_times.merge(&d.masks);
+        if let Some(e) = d.grammar_error {
+            if let Some(g) = self.samples.get(&seq).map(|s| s.group) {
+                self.fail_group(g, &e);
+            }
+            return;
+        }
         if d.proposed > 0 {
             self.spec_counters.record(d.proposed, d.accepted);
             if let Some(dr) = self.samples.get_mut(&seq).and_then(|s| s.drafter.as_mut()) {
@@ -388,8 +418,8 @@ impl<R: ModelRunner> EngineCore<R> {
             }
         }
         let emitted = d.tokens.len();
-        for (tok, lp) in d.tokens {
-            self.sample_next(seq, tok, lp);
+        for (i, (tok, lp)) in d.tokens.into_iter().enumerate() {
+            self.sample_next(seq, tok, lp, d.grammar_done && i + 1 == emitted);
             if !self.samples.contains_key(&seq) {
                 return;
             }
@@ -513,8 +543,9 @@ impl<R: ModelRunner> EngineCore<R> {
         }
     }
 
-    /// Record the drawn token `tok` of `seq`: detokenize, match stops, emit, finish.
-    fn sample_next(&mut self, seq: SeqId, tok: u32, logprobs: Vec<TokenLogprobs>) {
+    /// Record the drawn token `tok` of `seq`: detokenize, match stops, emit, finish
+    /// (`grammar_done`: the token completed the sample's grammar, so nothing may follow).
+    fn sample_next(&mut self, seq: SeqId, tok: u32, logprobs: Vec<TokenLogprobs>, grammar_done: bool) {
         let Some(s) = self.samples.get_mut(&seq) else { return };
         s.generated += 1;
         self.counters.generation_tokens += 1;
@@ -543,6 +574,9 @@ impl<R: ModelRunner> EngineCore<R> {
                     finished = Some(Finished { reason: FinishReason::Stop, stop: Some(StopMatch::Text(m)) });
                 }
             }
+        }
+        if finished.is_none() && grammar_done {
+            finished = Some(Finished { reason: FinishReason::Stop, stop: None });
         }
         let at_limit = s.generated >= s.params.max_tokens || total_len >= self.scheduler.config().max_model_len;
         if finished.is_none() && at_limit {
@@ -662,24 +696,64 @@ fn expected_rows(plan: &StepPlan) -> usize {
 /// token). Penalties and `min_tokens` see each token before the next row is read, as they would
 /// one step at a time.
 fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], valid_vocab: usize) -> Drawn {
-    let mut tokens = Vec::with_capacity(draft.len() + 1);
-    let mut accepted = 0;
+    let mut d = Drawn {
+        tokens: Vec::with_capacity(draft.len() + 1),
+        proposed: draft.len(),
+        accepted: 0,
+        grammar_done: false,
+        grammar_error: None,
+        masks: MaskHistogram::default(),
+    };
     for i in 0..=draft.len() {
         let row = logits.row(first + i);
         let generated = s.generated + i;
-        let banned: &[u32] = if generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+        let mut banned: &[u32] = if generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+        if let Some(g) = s.grammar.as_mut().filter(|g| g.is_active()) {
+            let t = Instant::now();
+            let r = g.mask(&s.stop_ids, &mut s.mask);
+            d.masks.observe(t.elapsed().as_secs_f64());
+            if let Err(e) = r {
+                d.grammar_error = Some(e);
+                return d;
+            }
+            // min_tokens holds the stop ids back unless the grammar allows nothing else.
+            if !banned.is_empty() && !allows_other_than(&s.mask, banned) {
+                banned = &[];
+            }
+            s.sampler.set_allowed(Some(&s.mask));
+        } else {
+            s.sampler.set_allowed(None);
+        }
         let (tok, ok) = match draft.get(i) {
             Some(&d) => s.sampler.verify(row, banned, d),
             None => (s.sampler.sample(row, banned), false),
         };
         s.sampler.record(tok);
         let lp = s.params.logprobs.map(|k| token_logprobs(row, valid_vocab, tok, k)).into_iter().collect();
-        tokens.push((tok, lp));
-        accepted += usize::from(ok);
-        // A rejection ends the draft; so does a stop id, which ends the sample.
-        if !ok || s.stop_ids.contains(&tok) {
+        d.tokens.push((tok, lp));
+        d.accepted += usize::from(ok);
+        if let Some(g) = s.grammar.as_mut() {
+            if let Err(e) = g.advance(tok, &s.stop_ids) {
+                d.grammar_error = Some(e);
+                return d;
+            }
+            d.grammar_done = g.is_finished();
+        }
+        // A rejection ends the draft; so does a stop id or a complete grammar, which end the sample.
+        if !ok || s.stop_ids.contains(&tok) || d.grammar_done {
             break;
         }
     }
-    Drawn { tokens, proposed: draft.len(), accepted }
+    d
+}
+
+/// Whether bitset `mask` allows some id not in `ids`.
+fn allows_other_than(mask: &[u32], ids: &[u32]) -> bool {
+    let mut m = mask.to_vec();
+    for &id in ids {
+        if let Some(w) = m.get_mut(id as usize / 32) {
+            *w &= !(1 << (id % 32));
+        }
+    }
+    m.iter().any(|&w| w != 0)
 }

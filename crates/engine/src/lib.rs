@@ -18,6 +18,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod speculative;
 pub mod stop;
+pub mod structured;
 pub mod tokenizer;
 
 pub use engine::{Engine, EngineStats, EventStream};

@@ -2,6 +2,7 @@
 //! and the stream of events that answers it.
 
 use crate::sampler::{SamplingParams, TokenLogprobs};
+use crate::structured::StructuredOutput;
 
 /// Most top-logprobs a request may ask for (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
@@ -26,6 +27,8 @@ pub struct RequestParams {
     /// Logprobs of the prompt's tokens, with this many alternatives each.
     pub prompt_logprobs: Option<usize>,
     pub cache_salt: Option<String>,
+    /// A grammar every sample's output must follow (structured outputs, forced tool calls).
+    pub structured: Option<StructuredOutput>,
 }
 
 impl Default for RequestParams {
@@ -43,6 +46,7 @@ impl Default for RequestParams {
             logprobs: None,
             prompt_logprobs: None,
             cache_salt: None,
+            structured: None,
         }
     }
 }

@@ -125,6 +125,9 @@ pub struct Sampler {
     scratch: Vec<f32>,
     /// Top-k / top-p / min-p working buffers, reused for the same reason.
     sel: Selection,
+    /// The allowed ids of the next draw as a bitset (bit `i % 32` of word `i / 32`), set by a
+    /// grammar before each constrained draw; `None` leaves every id allowed.
+    allowed: Option<Vec<u32>>,
 }
 
 impl Sampler {
@@ -141,6 +144,7 @@ impl Sampler {
             seen: HashSet::new(),
             scratch: Vec::new(),
             sel: Selection::default(),
+            allowed: None,
         }
     }
 
@@ -158,6 +162,21 @@ impl Sampler {
         }
         if self.params.tracks_repeats() {
             self.seen.insert(token);
+        }
+    }
+
+    /// Restrict the next draws to the ids whose bit is set in `words` (bit `i % 32` of word
+    /// `i / 32`; ids past its end are disallowed), or lift the restriction with `None`. The mask
+    /// comes before every other transform: bias, penalties, temperature, top-k/p and min-p only
+    /// ever see allowed ids, and a disallowed id stays impossible whatever its bias.
+    pub fn set_allowed(&mut self, words: Option<&[u32]>) {
+        match (words, &mut self.allowed) {
+            (None, a) => *a = None,
+            (Some(w), Some(buf)) => {
+                buf.clear();
+                buf.extend_from_slice(w);
+            }
+            (Some(w), a) => *a = Some(w.to_vec()),
         }
     }
 
@@ -179,7 +198,8 @@ impl Sampler {
     /// Applies bias, bans and penalties into `scratch` when any is in effect (true); otherwise the
     /// raw row is used as it is, saving a copy of 150k floats per greedy step.
     fn prepare(&mut self, logits: &[f32], banned: &[u32]) -> bool {
-        if self.params.logit_bias.is_empty()
+        if self.allowed.is_none()
+            && self.params.logit_bias.is_empty()
             && banned.is_empty()
             && self.output_counts.is_empty()
             && self.seen.is_empty()
@@ -190,6 +210,9 @@ impl Sampler {
         let row = &mut self.scratch;
         row.clear();
         row.extend_from_slice(&logits[..n]);
+        if let Some(words) = &self.allowed {
+            mask_row(row, words);
+        }
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = row.get_mut(id as usize) {
                 *l += bias;
@@ -243,6 +266,24 @@ impl Sampler {
             self.scratch.clone()
         } else {
             logits[..self.width(logits)].to_vec()
+        }
+    }
+}
+
+/// Sets every logit whose id is not in the bitset `words` to -inf, a whole word of 32 ids at
+/// a time where none of them is allowed (most of a grammar's mask).
+fn mask_row(row: &mut [f32], words: &[u32]) {
+    for (w, chunk) in row.chunks_mut(32).enumerate() {
+        match words.get(w).copied().unwrap_or(0) {
+            u32::MAX => {}
+            0 => chunk.fill(f32::NEG_INFINITY),
+            bits => {
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if bits >> b & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
         }
     }
 }
@@ -910,6 +951,41 @@ mod tests {
         s.record(4);
         assert!(s.seen.is_empty() && s.output_counts.is_empty());
         assert_eq!(s.sample(&logits, &[]), 4);
+    }
+
+    /// The allowed-id mask comes first: a disallowed id stays impossible whatever its bias or
+    /// logit, in greedy, sampled and verifying draws, and ids past the mask are disallowed.
+    #[test]
+    fn the_grammar_mask_comes_before_every_transform() {
+        let logits: Vec<f32> = (0..70).map(|i| (i % 7) as f32).collect();
+        // Ids 3 and 40 only (word 0 bit 3, word 1 bit 8); word 2 is missing: ids 64.. are out.
+        let words = [1u32 << 3, 1 << 8];
+        let mut greedy = Sampler::new(SamplingParams { logit_bias: vec![(6, 100.0)], ..Default::default() }, 70);
+        greedy.set_allowed(Some(&words));
+        let row = greedy.processed(&logits, &[]);
+        let finite: Vec<usize> = (0..70).filter(|&i| row[i].is_finite()).collect();
+        assert_eq!(finite, vec![3, 40]);
+        assert_eq!(greedy.sample(&logits, &[]), 40, "logit 5 beats 3; the biased id 6 is not allowed");
+        assert_eq!(greedy.verify(&logits, &[], 6), (40, false));
+        greedy.set_allowed(None);
+        assert_eq!(greedy.sample(&logits, &[]), 6, "lifting the mask restores the bias");
+        for seed in 0..200 {
+            let p = SamplingParams { temperature: 1.5, top_p: 0.9, seed: Some(seed), ..Default::default() };
+            let mut s = Sampler::new(p, 70);
+            s.set_allowed(Some(&words));
+            let t = s.sample(&logits, &[]);
+            assert!(t == 3 || t == 40, "seed {seed} drew {t}");
+            let (v, ok) = s.verify(&logits, &[], 13);
+            assert!(!ok && (v == 3 || v == 40), "seed {seed} verified to {v}");
+        }
+        // A full word and a partial one, against the per-id definition.
+        let words = [u32::MAX, 0b1010, 0];
+        let mut row = vec![1.0f32; 70];
+        mask_row(&mut row, &words);
+        for (i, l) in row.iter().enumerate() {
+            let allowed = i < 32 || i == 33 || i == 35;
+            assert_eq!(l.is_finite(), allowed, "id {i}");
+        }
     }
 
     /// The vectorised argmax against one running maximum: ties, NaN, infinities, short rows.

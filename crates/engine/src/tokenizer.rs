@@ -454,6 +454,14 @@ impl Tokenizer {
         self.special_ids.contains(&id)
     }
 
+    /// Every added token (`<|im_end|>`, `<tool_call>`, …) with its text, special or not.
+    pub fn added_tokens(&self) -> Vec<(u32, String)> {
+        let mut v: Vec<(u32, String)> =
+            self.inner.get_added_tokens_decoder().into_iter().map(|(id, t)| (id, t.content)).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Where this tokenizer was loaded from, for diagnostics.
     pub fn source_name(&self) -> &str {
         &self.source_name

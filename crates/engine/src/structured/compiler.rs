@@ -1,0 +1,309 @@
+//! Compiling constraints into grammars, once per distinct constraint. The token environment and
+//! llguidance's parser factory are built on first use (about a second for a 152k vocabulary),
+//! and compiled grammars are kept in a small most-recently-used cache, since agent frameworks
+//! send the same schema with every call.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use llguidance::{Matcher, ParserFactory};
+
+use super::{tok_env, Constraint};
+use crate::tokenizer::Tokenizer;
+
+/// Compiled grammars kept for reuse.
+pub const CACHE_ENTRIES: usize = 64;
+
+/// Most grammar symbols one constraint may compile to (llguidance's default is 500,000, a few
+/// megabytes of schema; a request body is far smaller, so a bigger grammar is an attack).
+const MAX_GRAMMAR_SIZE: usize = 200_000;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GrammarError {
+    /// The constraint itself is wrong: a bad schema, an unsupported keyword, a malformed regex
+    /// or grammar, or one too large to compile within the limits.
+    #[error("{0}")]
+    Invalid(String),
+    /// This model cannot take constraints at all (its vocabulary or EOS ids do not fit).
+    #[error("structured output is unavailable for this model: {0}")]
+    Unavailable(String),
+}
+
+/// A compiled constraint, shared by every sample that uses it; each starts its own walk.
+#[derive(Clone)]
+pub struct CompiledGrammar {
+    key: Arc<str>,
+    proto: Arc<Matcher>,
+}
+
+impl CompiledGrammar {
+    /// A fresh matcher at the start of the grammar, independent of every other (its own lexer
+    /// caches, so samples on different threads never contend).
+    pub(crate) fn start(&self) -> Matcher {
+        self.proto.deep_clone()
+    }
+}
+
+impl PartialEq for CompiledGrammar {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl std::fmt::Debug for CompiledGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown: String = self.key.chars().take(60).collect();
+        write!(f, "CompiledGrammar({shown:?})")
+    }
+}
+
+/// Turns [`Constraint`]s into [`CompiledGrammar`]s for one model's vocabulary.
+pub struct GrammarCompiler {
+    tokenizer: Arc<Tokenizer>,
+    vocab_size: usize,
+    eos: Vec<u32>,
+    max_grammar_size: usize,
+    factory: OnceLock<Result<ParserFactory, String>>,
+    cache: Mutex<VecDeque<(Arc<str>, CompiledGrammar)>>,
+}
+
+impl GrammarCompiler {
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos: Vec<u32>) -> Self {
+        Self {
+            tokenizer,
+            vocab_size,
+            eos,
+            max_grammar_size: MAX_GRAMMAR_SIZE,
+            factory: OnceLock::new(),
+            cache: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Build the token environment now rather than on the first constrained request.
+    pub fn warm_up(&self) -> Result<(), GrammarError> {
+        self.factory().map(|_| ())
+    }
+
+    fn factory(&self) -> Result<&ParserFactory, GrammarError> {
+        let f = self.factory.get_or_init(|| {
+            let env = tok_env::build(&self.tokenizer, self.vocab_size, &self.eos)?;
+            let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+            f.quiet();
+            f.limits_mut().max_grammar_size = self.max_grammar_size;
+            // Errors go to clients: the cause, not the parser's state dump.
+            f.limits_mut().verbose_errors = false;
+            Ok(f)
+        });
+        f.as_ref().map_err(|e| GrammarError::Unavailable(e.clone()))
+    }
+
+    /// The compiled grammar of `c`, from the cache or compiled now (bounded by llguidance's
+    /// fuel and size limits, so a hostile schema fails instead of running on).
+    pub fn compile(&self, c: &Constraint) -> Result<CompiledGrammar, GrammarError> {
+        let key: Arc<str> = c.key().into();
+        if let Some(g) = self.cached(&key) {
+            return Ok(g);
+        }
+        let factory = self.factory()?;
+        let parser =
+            factory.create_parser(c.grammar()).map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(first_lines(&e)));
+        }
+        // A grammar that can neither produce a token nor end would stall its sample.
+        let mask = matcher.compute_mask().map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+        if mask.is_zero() {
+            return Err(GrammarError::Invalid("the grammar matches nothing".into()));
+        }
+        let g = CompiledGrammar { key: key.clone(), proto: Arc::new(matcher) };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|(k, _)| *k != key);
+        cache.push_front((key, g.clone()));
+        cache.truncate(CACHE_ENTRIES);
+        Ok(g)
+    }
+
+    fn cached(&self, key: &str) -> Option<CompiledGrammar> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let i = cache.iter().position(|(k, _)| &**k == key)?;
+        let entry = cache.remove(i)?;
+        let g = entry.1.clone();
+        cache.push_front(entry);
+        Some(g)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn cache_len(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
+
+/// llguidance's messages can quote a whole grammar; a client needs the first lines.
+fn first_lines(msg: &str) -> String {
+    let lines: Vec<&str> = msg.lines().take(4).collect();
+    let mut s = lines.join("\n");
+    if s.len() > 600 {
+        let cut = (0..=600).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::OnceLock;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::structured::GrammarState;
+
+    /// Qwen's padded vocabulary and its two EOS ids.
+    pub const VOCAB: usize = 151_936;
+    pub const EOS: [u32; 2] = [151_645, 151_643];
+
+    /// One compiler for every test here: building the token trie takes a second.
+    pub fn compiler() -> &'static GrammarCompiler {
+        static C: OnceLock<GrammarCompiler> = OnceLock::new();
+        C.get_or_init(|| {
+            let tok = Arc::new(Tokenizer::builtin_qwen().unwrap());
+            GrammarCompiler::new(tok, VOCAB, EOS.to_vec())
+        })
+    }
+
+    fn tok() -> &'static Tokenizer {
+        &compiler().tokenizer
+    }
+
+    fn allowed(words: &[u32], id: u32) -> bool {
+        words.get(id as usize / 32).is_some_and(|w| w >> (id % 32) & 1 == 1)
+    }
+
+    /// Feed `text`'s tokens, checking each against the mask first; returns whether all passed.
+    fn walk(g: &mut GrammarState, text: &str) -> bool {
+        let mut words = Vec::new();
+        for t in tok().encode(text, false).unwrap() {
+            if g.is_active() && (g.mask(&EOS, &mut words).is_err() || !allowed(&words, t)) {
+                return false;
+            }
+            if g.advance(t, &EOS).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn bad_constraints_are_errors_that_say_why() {
+        let c = compiler();
+        let err = |k: Constraint| match c.compile(&k) {
+            Err(GrammarError::Invalid(m)) => m,
+            Err(other) => panic!("{} failed otherwise: {other}", k.key().chars().take(80).collect::<String>()),
+            Ok(_) => panic!("{} compiled", k.key().chars().take(80).collect::<String>()),
+        };
+        assert!(err(Constraint::JsonSchema(json!({"type": "strin"}))).contains("strin"));
+        assert!(err(Constraint::JsonSchema(json!({"$dynamicRef": "#m"}))).contains("$dynamicRef"));
+        assert!(err(Constraint::JsonSchema(json!({"type": "integer", "minimum": 5, "maximum": 1})))
+            .contains("nsatisfiable"));
+        assert!(err(Constraint::Regex("a(b".into())).contains("regex"));
+        assert!(err(Constraint::Lark("start: foo".into())).contains("foo"));
+        // More grammar symbols than the limit (lowered here: the real one takes a big grammar).
+        let small =
+            GrammarCompiler { max_grammar_size: 100, ..GrammarCompiler::new(c.tokenizer.clone(), VOCAB, EOS.to_vec()) };
+        let many = (0..200).map(|i| format!("c{i}")).collect();
+        match small.compile(&Constraint::Choice(many)) {
+            Err(GrammarError::Invalid(m)) => assert!(m.contains("too big"), "{m}"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn a_schema_is_compiled_once() {
+        let c = compiler();
+        let k = Constraint::JsonSchema(json!({"type": "object", "properties": {"cached": {"type": "boolean"}}}));
+        let a = c.compile(&k).unwrap();
+        let n = c.cache_len();
+        let b = c.compile(&k).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(c.cache_len(), n, "a second compile is a cache hit");
+    }
+
+    #[test]
+    fn masks_follow_the_grammar_and_allow_stop_ids_only_where_it_may_end() {
+        let c = compiler();
+        let schema =
+            json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]});
+        let g = c.compile(&Constraint::JsonSchema(schema)).unwrap();
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, "{\"answer\": \"no\"}"));
+        assert!(s.is_finished(), "nothing may follow a complete object");
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(!walk(&mut s, "{\"answer\": \"maybe\"}"));
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(!walk(&mut s, "{\"answer\":\"no\"}"), "the layout is Python's: a space after the colon");
+
+        // A regex that may end or go on: the stop ids come and go with it, and ignore_eos (no
+        // stop ids) never lets the grammar's own EOS through.
+        let g = c.compile(&Constraint::Regex("[a-z]+".into())).unwrap();
+        let mut s = GrammarState::new(&g, None).unwrap();
+        let mut words = Vec::new();
+        s.mask(&EOS, &mut words).unwrap();
+        assert!(!allowed(&words, EOS[0]), "nothing written yet");
+        assert!(walk(&mut s, "abc"));
+        s.mask(&[7], &mut words).unwrap();
+        assert!(allowed(&words, 7) && !allowed(&words, EOS[0]) && !allowed(&words, EOS[1]));
+        s.mask(&[], &mut words).unwrap();
+        assert!(!allowed(&words, EOS[0]) && !allowed(&words, EOS[1]));
+        assert!(!allowed(&words, VOCAB as u32 - 1), "padding rows are never allowed");
+
+        let g = c.compile(&Constraint::Choice(vec!["red".into(), "green \"light\"".into()])).unwrap();
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, "green \"light\""));
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn the_grammar_waits_for_the_end_of_the_reasoning() {
+        let g = compiler().compile(&Constraint::Choice(vec!["yes".into(), "no".into()])).unwrap();
+        let mut s = GrammarState::new(&g, Some("</think>")).unwrap();
+        assert!(!s.is_active());
+        // Free text, split so that the marker spans tokens.
+        assert!(walk(&mut s, "Let me think: maybe </"));
+        assert!(!s.is_active());
+        assert!(walk(&mut s, "think>"));
+        assert!(s.is_active(), "the marker has ended the reasoning");
+        assert!(!walk(&mut s.clone_for_test(), "maybe"));
+        assert!(walk(&mut s, "yes"));
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn tool_calls_name_a_tool_and_follow_its_schema() {
+        let tools = vec![
+            crate::structured::ToolSchema {
+                name: "get_weather".into(),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+            },
+            crate::structured::ToolSchema {
+                name: "now".into(),
+                parameters: json!({"type": "object", "properties": {}}),
+            },
+        ];
+        let one = compiler().compile(&Constraint::ToolCalls { tools: tools.clone(), parallel: false }).unwrap();
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let mut s = GrammarState::new(&one, None).unwrap();
+        assert!(walk(&mut s, call));
+        assert!(s.is_finished(), "one call when calls are not parallel");
+        let mut s = GrammarState::new(&one, None).unwrap();
+        assert!(!walk(&mut s, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}"));
+        let mut s = GrammarState::new(&one, None).unwrap();
+        assert!(!walk(&mut s, "<tool_call>\n{\"name\": \"delete_everything\""));
+        let many = compiler().compile(&Constraint::ToolCalls { tools, parallel: true }).unwrap();
+        let mut s = GrammarState::new(&many, None).unwrap();
+        let two = format!("{call}\n<tool_call>\n{{\"name\": \"now\", \"arguments\": {{}}}}\n</tool_call>");
+        assert!(walk(&mut s, &two));
+        assert!(!s.is_finished(), "parallel calls may go on");
+    }
+}
