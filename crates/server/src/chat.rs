@@ -15,8 +15,11 @@ use crate::generation::{collect, log_request, respond, sse, submit, Formatter, S
 use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, Timer};
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, ChatRequest};
+use crate::reasoning::ReasoningSplit;
 use crate::state::{ServingModel, SharedState};
+use crate::structured::Requested;
 use crate::tools::{extract, ToolStream};
+use flint_engine::structured::{Constraint, ToolSchema};
 
 pub async fn chat_completions(State(state): State<SharedState>, body: Bytes) -> Response {
     respond(&state, run(&state, &body).await)
@@ -91,20 +94,60 @@ pub fn normalize_messages(messages: &[Value]) -> ApiResult<Vec<Value>> {
     Ok(out)
 }
 
-/// Whether output should be parsed for tool calls; refuses choices flint cannot enforce.
-fn tool_mode(req: &ChatRequest) -> ApiResult<bool> {
-    crate::limits::check_tools(req.tools.as_deref().unwrap_or_default())?;
-    let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
+/// How a request uses its tools: whether output is parsed for calls, and the calls it must make
+/// (`tool_choice` "required" or a named function) as a constraint.
+struct ToolMode {
+    parse: bool,
+    forced: Option<Requested>,
+}
+
+/// A tool definition's name and argument schema (already checked by `limits::check_tools`).
+fn tool_schema(t: &Value) -> ToolSchema {
+    let f = &t["function"];
+    let parameters = match f.get("parameters") {
+        Some(p) if p.is_object() => p.clone(),
+        _ => json!({"type": "object", "properties": {}}),
+    };
+    ToolSchema { name: f["name"].as_str().unwrap_or_default().to_string(), parameters }
+}
+
+fn tool_mode(req: &ChatRequest) -> ApiResult<ToolMode> {
+    let tools = req.tools.as_deref().unwrap_or_default();
+    crate::limits::check_tools(tools)?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let forced = |tools: Vec<ToolSchema>, parallel: bool| ToolMode {
+        parse: true,
+        forced: Some(Requested { param: "tool_choice", constraint: Constraint::ToolCalls { tools, parallel } }),
+    };
+    let bad = |m: String| Err(ApiError::invalid("tool_choice", m));
     match &req.tool_choice {
-        None => Ok(has_tools),
-        Some(Value::String(s)) if s == "auto" => Ok(has_tools),
-        Some(Value::String(s)) if s == "none" => Ok(false),
-        Some(other) => Err(ApiError::invalid(
-            "tool_choice",
-            format!(
-                "`tool_choice` {other} is not supported: flint does not constrain decoding; use \"auto\" or \"none\""
-            ),
-        )),
+        None => Ok(ToolMode { parse: !tools.is_empty(), forced: None }),
+        Some(Value::String(s)) if s == "auto" => Ok(ToolMode { parse: !tools.is_empty(), forced: None }),
+        Some(Value::String(s)) if s == "none" => Ok(ToolMode { parse: false, forced: None }),
+        Some(Value::String(s)) if s == "required" => {
+            if tools.is_empty() {
+                return bad("`tool_choice` \"required\" needs at least one tool in `tools`".into());
+            }
+            Ok(forced(tools.iter().map(tool_schema).collect(), parallel))
+        }
+        Some(v @ Value::Object(_)) => {
+            let name =
+                match (v.get("type").and_then(Value::as_str), v.pointer("/function/name").and_then(Value::as_str)) {
+                    (Some("function"), Some(n)) => n,
+                    _ => {
+                        return bad(format!(
+                            "`tool_choice` {v} must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+                        ))
+                    }
+                };
+            match tools.iter().find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name)) {
+                Some(t) => Ok(forced(vec![tool_schema(t)], false)),
+                None => bad(format!("`tool_choice` names {name:?}, which is not in `tools`")),
+            }
+        }
+        Some(other) => {
+            bad(format!("`tool_choice` must be \"none\", \"auto\", \"required\" or a named function, got {other}"))
+        }
     }
 }
 
@@ -112,11 +155,6 @@ fn render_prompt(model: &ServingModel, req: &ChatRequest) -> ApiResult<Vec<u32>>
     let template = model.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("messages", "this model has no chat template; use /v1/completions with a prompt")
     })?;
-    if let Some(f) = &req.response_format {
-        if f.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid("response_format", "only `{\"type\": \"text\"}` is supported"));
-        }
-    }
     let messages = normalize_messages(&req.messages)?;
     let tools = req.tools.as_ref().filter(|t| !t.is_empty()).map(|t| Value::Array(t.clone()));
     let continue_final = req.continue_final_message.unwrap_or(false);
@@ -146,12 +184,29 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let model = state.model()?;
     let req: ChatRequest = parse_request(body)?;
     check_model(state, req.common.model.as_deref())?;
-    let parse_tools = tool_mode(&req)?;
+    let tools = tool_mode(&req)?;
+    let parse_tools = tools.parse;
+    let constraint = match (tools.forced, crate::structured::requested(&req.common)?) {
+        (Some(_), Some(r)) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("a forced `tool_choice` cannot be combined with `{}`", r.param),
+            ))
+        }
+        (a, b) => a.or(b),
+    };
+    let reasoning = state.cfg.reasoning_parser;
     // Everything cheap is checked before the prompt is rendered and tokenized, and the request
     // holds its place in the admission count while that runs.
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
     params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     req.common.max_tokens(0, model.max_model_len)?;
+    if let Some(c) = constraint {
+        // Qwen3 templates close an empty reasoning in the prompt when thinking is off.
+        let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.get("enable_thinking")) != Some(&json!(false));
+        let after = reasoning.and_then(|p| p.constraint_after(thinking));
+        params.structured = Some(crate::structured::compile(&model, c, after).await?);
+    }
     let mut guard = state.admit(&model, params.n, "n")?;
     // Template rendering and tokenizing can take a while on big inputs: off the async workers.
     let m = model.clone();
@@ -180,22 +235,34 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         object: "chat.completion.chunk",
     };
     if req.common.stream() {
-        let fmt =
-            ChatStream { parse_tools, logprobs: params.logprobs.is_some(), choices: vec![ChoiceState::default(); n] };
+        let choice = ChoiceState { reasoning: reasoning.map(ReasoningSplit::new), ..Default::default() };
+        let fmt = ChatStream { parse_tools, logprobs: params.logprobs.is_some(), choices: vec![choice; n] };
         return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
     }
     let choices = collect(state, &mut jobs, n, &mut timer, &mut guard).await?;
     let eos = &model.engine.model_info().eos_token_ids;
     let mut out = Vec::with_capacity(n);
-    let (mut completion, mut reason0) = (0, "stop");
+    let (mut completion, mut reason0, mut reasoning_tokens) = (0, "stop", 0);
     for (i, c) in choices.iter().enumerate() {
         completion += c.token_ids.len();
+        let (text, thought) = match reasoning {
+            Some(p) => {
+                let (split, tokens) = ReasoningSplit::split_all(p, &model.tokenizer, &c.text, &c.token_ids);
+                reasoning_tokens += tokens;
+                (split.content, Some(split.reasoning).filter(|r| !r.is_empty()))
+            }
+            None => (c.text.clone(), None),
+        };
         let fin = c
             .finished
             .clone()
             .unwrap_or(flint_engine::Finished { reason: flint_engine::FinishReason::Error, stop: None });
-        let (content, calls) = if parse_tools { extract(&c.text, &id, i) } else { (Some(c.text.clone()), Vec::new()) };
+        let (content, calls) = if parse_tools { extract(&text, &id, i) } else { (Some(text), Vec::new()) };
         let mut message = json!({"role": "assistant", "content": content});
+        if reasoning.is_some() {
+            message["reasoning"] = json!(thought);
+            message["reasoning_content"] = json!(thought);
+        }
         if !calls.is_empty() {
             message["tool_calls"] = Value::Array(calls.iter().map(|c| c.to_json(None)).collect());
         }
@@ -223,13 +290,22 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         "created": created,
         "model": state.cfg.served_model_name,
         "choices": out,
-        "usage": usage(prompt_len, completion, cached),
+        "usage": with_reasoning(usage(prompt_len, completion, cached), reasoning.map(|_| reasoning_tokens)),
     }))
     .into_response())
 }
 
+/// Usage with `completion_tokens_details.reasoning_tokens` when a reasoning parser runs.
+fn with_reasoning(mut usage: Value, reasoning_tokens: Option<usize>) -> Value {
+    if let Some(r) = reasoning_tokens {
+        usage["completion_tokens_details"] = json!({"reasoning_tokens": r});
+    }
+    usage
+}
+
 #[derive(Debug, Default, Clone)]
 struct ChoiceState {
+    reasoning: Option<ReasoningSplit>,
     tools: ToolStream,
     completion: usize,
     cached: usize,
@@ -262,9 +338,20 @@ impl Formatter for ChatStream {
         let Some(st) = self.choices.get_mut(o.index) else { return Vec::new() };
         st.completion += o.token_ids.len();
         st.cached = o.cached_tokens;
-        let (mut content, mut calls) = (o.text.clone(), Vec::new());
+        let (mut thought, mut text) = (String::new(), o.text.clone());
+        if let Some(r) = st.reasoning.as_mut() {
+            r.count_tokens(&ctx.model.tokenizer, &o.token_ids);
+            let mut split = r.push(&o.text);
+            if o.finished.is_some() {
+                let rest = r.finish();
+                split.reasoning.push_str(&rest.reasoning);
+                split.content.push_str(&rest.content);
+            }
+            (thought, text) = (split.reasoning, split.content);
+        }
+        let (mut content, mut calls) = (text.clone(), Vec::new());
         if self.parse_tools {
-            let d = st.tools.push(&o.text, &ctx.id, o.index);
+            let d = st.tools.push(&text, &ctx.id, o.index);
             content = d.content;
             calls = d.calls;
             if o.finished.is_some() {
@@ -272,6 +359,12 @@ impl Formatter for ChatStream {
             }
         }
         let mut out = Vec::new();
+        if !thought.is_empty() {
+            out.push(chunk(
+                ctx,
+                json!({"index": o.index, "delta": {"reasoning": thought, "reasoning_content": thought}, "logprobs": null, "finish_reason": null}),
+            ));
+        }
         let logprobs = (self.logprobs && !o.logprobs.is_empty()).then(|| {
             json!({"content": o.logprobs.iter().map(|lp| chat_logprob(&ctx.model.tokenizer, lp)).collect::<Vec<_>>()})
         });
@@ -298,6 +391,16 @@ impl Formatter for ChatStream {
             out.push(chunk(ctx, choice));
         }
         out
+    }
+
+    fn reasoning_tokens(&self) -> Option<usize> {
+        let mut any = false;
+        let mut n = 0;
+        for r in self.choices.iter().filter_map(|c| c.reasoning.as_ref()) {
+            any = true;
+            n += r.reasoning_tokens();
+        }
+        any.then_some(n)
     }
 
     fn summary(&self) -> (usize, usize, &'static str) {

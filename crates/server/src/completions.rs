@@ -136,6 +136,9 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         params.prompt_logprobs = params.logprobs;
     }
     req.common.max_tokens(0, model.max_model_len)?;
+    if let Some(r) = crate::structured::requested(&req.common)? {
+        params.structured = Some(crate::structured::compile(&model, r, None).await?);
+    }
     let prompts = parse_prompts(req.prompt)?;
     // Admitted by its sequence count before any prompt is tokenized.
     let mut guard = state.admit(&model, prompts.len().saturating_mul(params.n), "prompt")?;

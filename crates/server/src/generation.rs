@@ -163,6 +163,10 @@ pub trait Formatter: Send + 'static {
     fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value>;
     /// (completion tokens, cached tokens, first choice's finish reason) for usage, log, metrics.
     fn summary(&self) -> (usize, usize, &'static str);
+    /// Tokens of reasoning, for usage, when a reasoning parser runs.
+    fn reasoning_tokens(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Result of an endpoint's handler, as the response: errors counted once by their reason.
@@ -197,6 +201,9 @@ impl Driver {
         if self.ctx.include_usage {
             let mut last = self.ctx.chunk(Vec::new());
             last["usage"] = usage(self.ctx.prompt_tokens, completion, cached);
+            if let Some(r) = self.fmt.reasoning_tokens() {
+                last["usage"]["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": r});
+            }
             self.pending.push_back(last.to_string());
         }
         self.pending.push_back("[DONE]".into());

@@ -13,8 +13,10 @@ pub mod metrics;
 pub mod output;
 pub mod prompt_tokens;
 pub mod protocol;
+pub mod reasoning;
 pub mod routes;
 pub mod state;
+pub mod structured;
 pub mod tools;
 pub mod transport;
 

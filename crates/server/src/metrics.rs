@@ -1,6 +1,7 @@
 //! Prometheus metrics under vLLM's names (so existing Grafana dashboards and routers work): engine
 //! gauges and counters read from the engine's stats, request histograms recorded by the server.
 
+use flint_engine::structured::{MaskHistogram, MASK_BUCKETS};
 use std::fmt::Write;
 use std::sync::Mutex;
 
@@ -218,6 +219,7 @@ impl Metrics {
         m.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Time between output tokens.", &labels);
         m.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", &labels);
         m.queue.render(&mut out, "vllm:request_queue_time_seconds", "Time from arrival to first scheduling.", &labels);
+        render_masks(&mut out, &st.grammar_masks, &labels);
         // The cache geometry as labels (vLLM's info-gauge convention) on the line written above.
         let geometry = match cache {
             Some(c) => format!(
@@ -233,6 +235,20 @@ impl Metrics {
         );
         out
     }
+}
+
+/// Grammar-mask time (structured outputs) as a Prometheus histogram (cumulative buckets).
+fn render_masks(out: &mut String, h: &MaskHistogram, labels: &str) {
+    let name = "flint:structured_output_mask_seconds";
+    let _ = writeln!(out, "# HELP {name} Time to compute one grammar mask.\n# TYPE {name} histogram");
+    let mut cum = 0;
+    for (b, c) in MASK_BUCKETS.iter().zip(h.counts) {
+        cum += c;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_secs);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
 }
 
 #[cfg(test)]

@@ -51,6 +51,15 @@ pub struct Common {
     pub cache_salt: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    // Output constraints, validated by `crate::structured`.
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+    pub guided_decoding_backend: Option<Value>,
+    pub guided_whitespace_pattern: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -67,7 +76,7 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
-    pub response_format: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -238,6 +247,7 @@ impl Common {
             logprobs: None,
             prompt_logprobs: None,
             cache_salt: self.cache_salt.clone(),
+            structured: None,
         })
     }
 

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Connections open at once; more get a 503 and are closed.
     pub max_connections: usize,
+    /// Split a reasoning model's chain of thought from its answer (`--reasoning-parser`).
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
 const LOADING: u8 = 0;

@@ -34,6 +34,8 @@ pub enum GrammarError {
 pub struct CompiledGrammar {
     key: Arc<str>,
     proto: Arc<Matcher>,
+    /// The vocabulary's whitespace-only tokens as a bitset (see [`GrammarState`]'s reasoning gate).
+    pub(crate) whitespace: Arc<Vec<u32>>,
 }
 
 impl CompiledGrammar {
@@ -57,13 +59,19 @@ impl std::fmt::Debug for CompiledGrammar {
     }
 }
 
+/// What every grammar of a model shares, built on first use.
+struct Vocabulary {
+    factory: ParserFactory,
+    whitespace: Arc<Vec<u32>>,
+}
+
 /// Turns [`Constraint`]s into [`CompiledGrammar`]s for one model's vocabulary.
 pub struct GrammarCompiler {
     tokenizer: Arc<Tokenizer>,
     vocab_size: usize,
     eos: Vec<u32>,
     max_grammar_size: usize,
-    factory: OnceLock<Result<ParserFactory, String>>,
+    factory: OnceLock<Result<Vocabulary, String>>,
     cache: Mutex<VecDeque<(Arc<str>, CompiledGrammar)>>,
 }
 
@@ -84,15 +92,16 @@ impl GrammarCompiler {
         self.factory().map(|_| ())
     }
 
-    fn factory(&self) -> Result<&ParserFactory, GrammarError> {
+    fn factory(&self) -> Result<&Vocabulary, GrammarError> {
         let f = self.factory.get_or_init(|| {
             let env = tok_env::build(&self.tokenizer, self.vocab_size, &self.eos)?;
+            let whitespace = Arc::new(tok_env::whitespace_tokens(&env));
             let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
             f.quiet();
             f.limits_mut().max_grammar_size = self.max_grammar_size;
             // Errors go to clients: the cause, not the parser's state dump.
             f.limits_mut().verbose_errors = false;
-            Ok(f)
+            Ok(Vocabulary { factory: f, whitespace })
         });
         f.as_ref().map_err(|e| GrammarError::Unavailable(e.clone()))
     }
@@ -104,7 +113,7 @@ impl GrammarCompiler {
         if let Some(g) = self.cached(&key) {
             return Ok(g);
         }
-        let factory = self.factory()?;
+        let Vocabulary { factory, whitespace } = self.factory()?;
         let parser =
             factory.create_parser(c.grammar()).map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
         let mut matcher = Matcher::new(Ok(parser));
@@ -116,7 +125,7 @@ impl GrammarCompiler {
         if mask.is_zero() {
             return Err(GrammarError::Invalid("the grammar matches nothing".into()));
         }
-        let g = CompiledGrammar { key: key.clone(), proto: Arc::new(matcher) };
+        let g = CompiledGrammar { key: key.clone(), proto: Arc::new(matcher), whitespace: whitespace.clone() };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.retain(|(k, _)| *k != key);
         cache.push_front((key, g.clone()));
@@ -274,6 +283,7 @@ pub(crate) mod tests {
         assert!(!s.is_active());
         assert!(walk(&mut s, "think>"));
         assert!(s.is_active(), "the marker has ended the reasoning");
+        assert!(walk(&mut s, "\n\n"), "blank lines may follow the reasoning");
         assert!(!walk(&mut s.clone_for_test(), "maybe"));
         assert!(walk(&mut s, "yes"));
         assert!(s.is_finished());

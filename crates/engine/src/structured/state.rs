@@ -2,6 +2,8 @@
 //! token drawn. With a reasoning model the walk waits until the reasoning has ended
 //! (`</think>`): the chain of thought is free text, the answer after it is constrained.
 
+use std::sync::Arc;
+
 use llguidance::toktrie::{TokEnv, TokTrie};
 use llguidance::Matcher;
 
@@ -12,6 +14,10 @@ pub struct GrammarState {
     env: TokEnv,
     /// Set while the grammar waits for the end of the reasoning.
     gate: Option<ReasoningGate>,
+    /// Right after the reasoning: whitespace-only tokens (a template's blank line after
+    /// `</think>`) may come before the grammar's first token, and are not part of its text.
+    leading_whitespace: bool,
+    whitespace: Arc<Vec<u32>>,
 }
 
 /// Watches the output's bytes for the text that ends the reasoning.
@@ -45,7 +51,7 @@ impl GrammarState {
         let env = matcher.tok_env().map_err(|e| e.to_string())?;
         let gate =
             after.filter(|a| !a.is_empty()).map(|a| ReasoningGate { end: a.as_bytes().to_vec(), tail: Vec::new() });
-        Ok(Self { matcher, env, gate })
+        Ok(Self { matcher, env, gate, leading_whitespace: false, whitespace: grammar.whitespace.clone() })
     }
 
     /// Whether the next token is constrained (false while the reasoning runs).
@@ -75,6 +81,11 @@ impl GrammarState {
         }
         out.clear();
         out.extend_from_slice(m.as_slice());
+        if self.leading_whitespace {
+            for (o, w) in out.iter_mut().zip(self.whitespace.iter()) {
+                *o |= w;
+            }
+        }
         Ok(())
     }
 
@@ -85,11 +96,20 @@ impl GrammarState {
             let bytes = bytes.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER]).unwrap_or(bytes);
             if gate.push(bytes) {
                 self.gate = None;
+                self.leading_whitespace = true;
             }
             return Ok(());
         }
         if end_ids.contains(&token) {
             return Ok(());
+        }
+        if std::mem::take(&mut self.leading_whitespace) {
+            let fits = self.matcher.validate_tokens(&[token]).map_err(|e| grammar_failed(&e.to_string()))? == 1;
+            let ws = self.whitespace.get(token as usize / 32).is_some_and(|w| w >> (token % 32) & 1 == 1);
+            if !fits && ws {
+                self.leading_whitespace = true;
+                return Ok(());
+            }
         }
         self.matcher.consume_token(token).map_err(|e| grammar_failed(&e.to_string()))
     }
@@ -108,6 +128,8 @@ impl GrammarState {
             matcher: self.matcher.deep_clone(),
             env: self.env.clone(),
             gate: self.gate.as_ref().map(|g| ReasoningGate { end: g.end.clone(), tail: g.tail.clone() }),
+            leading_whitespace: self.leading_whitespace,
+            whitespace: self.whitespace.clone(),
         }
     }
 }

@@ -57,3 +57,17 @@ pub fn build(tokenizer: &Tokenizer, vocab_size: usize, eos: &[u32]) -> Result<To
     let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
     Ok(Arc::new(FlintTokEnv { trie }))
 }
+
+/// The tokens that are nothing but ASCII whitespace, as a bitset over the vocabulary.
+pub fn whitespace_tokens(env: &TokEnv) -> Vec<u32> {
+    let trie = env.tok_trie();
+    let n = trie.vocab_size();
+    let mut words = vec![0u32; n.div_ceil(32)];
+    for id in 0..n as u32 {
+        let b = trie.token(id);
+        if !b.is_empty() && b.iter().all(|c| b" \t\n\r".contains(c)) {
+            words[id as usize / 32] |= 1 << (id % 32);
+        }
+    }
+    words
+}
