@@ -708,10 +708,12 @@ fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], v
         let row = logits.row(first + i);
         let generated = s.generated + i;
         let mut banned: &[u32] = if generated < s.params.min_tokens { &s.stop_ids } else { &[] };
+        // The grammar's time for this token: its mask and then taking the token.
+        let mut grammar_secs = None;
         if let Some(g) = s.grammar.as_mut().filter(|g| g.is_active()) {
             let t = Instant::now();
             let r = g.mask(&s.stop_ids, &mut s.mask);
-            d.masks.observe(t.elapsed().as_secs_f64());
+            grammar_secs = Some(t.elapsed().as_secs_f64());
             if let Err(e) = r {
                 d.grammar_error = Some(e);
                 return d;
@@ -733,7 +735,12 @@ fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], v
         d.tokens.push((tok, lp));
         d.accepted += usize::from(ok);
         if let Some(g) = s.grammar.as_mut() {
-            if let Err(e) = g.advance(tok, &s.stop_ids) {
+            let t = Instant::now();
+            let r = g.advance(tok, &s.stop_ids);
+            if let Some(secs) = grammar_secs {
+                d.masks.observe(secs + t.elapsed().as_secs_f64());
+            }
+            if let Err(e) = r {
                 d.grammar_error = Some(e);
                 return d;
             }

@@ -183,12 +183,26 @@ impl Sampler {
     /// Pick a token from `logits` (one row, the model's full padded width). `banned` ids cannot be
     /// chosen (stop ids before `min_tokens`).
     pub fn sample(&mut self, logits: &[f32], banned: &[u32]) -> u32 {
+        if let Some(words) = self.greedy_mask_only(banned) {
+            return masked_argmax(&logits[..self.width(logits)], words);
+        }
         let row = if self.prepare(logits, banned) { &self.scratch[..] } else { &logits[..self.width(logits)] };
         if self.params.is_greedy() {
             return argmax(row);
         }
         let support = support(row, &self.params, &mut self.sel);
         draw(support, &self.sel, &mut self.rng)
+    }
+
+    /// The mask, when it is all there is to a greedy draw: the argmax then reads only the
+    /// allowed ids instead of writing a masked copy of the row.
+    fn greedy_mask_only(&self, banned: &[u32]) -> Option<&[u32]> {
+        let only = self.params.is_greedy()
+            && banned.is_empty()
+            && self.params.logit_bias.is_empty()
+            && self.output_counts.is_empty()
+            && self.seen.is_empty();
+        self.allowed.as_deref().filter(|_| only)
     }
 
     fn width(&self, logits: &[f32]) -> usize {
@@ -209,9 +223,9 @@ impl Sampler {
         let n = self.width(logits);
         let row = &mut self.scratch;
         row.clear();
-        row.extend_from_slice(&logits[..n]);
-        if let Some(words) = &self.allowed {
-            mask_row(row, words);
+        match &self.allowed {
+            Some(words) => copy_masked(row, &logits[..n], words),
+            None => row.extend_from_slice(&logits[..n]),
         }
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = row.get_mut(id as usize) {
@@ -270,21 +284,49 @@ impl Sampler {
     }
 }
 
-/// Sets every logit whose id is not in the bitset `words` to -inf, a whole word of 32 ids at
-/// a time where none of them is allowed (most of a grammar's mask).
-fn mask_row(row: &mut [f32], words: &[u32]) {
-    for (w, chunk) in row.chunks_mut(32).enumerate() {
+/// Appends `src` to `row` with every logit whose id is not in the bitset `words` read as -inf,
+/// a whole word of 32 ids at a time where all or none of them are allowed (most of a mask).
+fn copy_masked(row: &mut Vec<f32>, src: &[f32], words: &[u32]) {
+    for (w, chunk) in src.chunks(32).enumerate() {
         match words.get(w).copied().unwrap_or(0) {
-            u32::MAX => {}
-            0 => chunk.fill(f32::NEG_INFINITY),
-            bits => {
-                for (b, l) in chunk.iter_mut().enumerate() {
-                    if bits >> b & 1 == 0 {
-                        *l = f32::NEG_INFINITY;
-                    }
+            u32::MAX => row.extend_from_slice(chunk),
+            0 => row.extend(std::iter::repeat_n(f32::NEG_INFINITY, chunk.len())),
+            bits => row
+                .extend(chunk.iter().enumerate().map(|(b, &l)| if bits >> b & 1 == 1 { l } else { f32::NEG_INFINITY })),
+        }
+    }
+}
+
+/// [`argmax`] of `v` with every id outside the bitset `words` read as -inf, reading only the
+/// allowed ids: the first of the largest allowed values, 0 when none is finite or above -inf.
+pub fn masked_argmax(v: &[f32], words: &[u32]) -> u32 {
+    let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
+    for (w, chunk) in v.chunks(32).enumerate() {
+        let bits = words.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            // `x > m` is false for NaN, as in `argmax`.
+            let m = chunk.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            if m > best {
+                best = m;
+                at = w * 32 + chunk.iter().position(|&x| x == m).unwrap_or(0);
+            }
+            continue;
+        }
+        let mut b = bits;
+        while b != 0 {
+            let i = b.trailing_zeros() as usize;
+            b &= b - 1;
+            if let Some(&x) = chunk.get(i) {
+                if x > best {
+                    (best, at) = (x, w * 32 + i);
                 }
             }
         }
+    }
+    if best == f32::NEG_INFINITY {
+        0
+    } else {
+        at as u32
     }
 }
 
@@ -980,11 +1022,51 @@ mod tests {
         }
         // A full word and a partial one, against the per-id definition.
         let words = [u32::MAX, 0b1010, 0];
-        let mut row = vec![1.0f32; 70];
-        mask_row(&mut row, &words);
+        let mut row = Vec::new();
+        copy_masked(&mut row, &[1.0f32; 70], &words);
+        assert_eq!(row.len(), 70);
         for (i, l) in row.iter().enumerate() {
             let allowed = i < 32 || i == 33 || i == 35;
             assert_eq!(l.is_finite(), allowed, "id {i}");
+        }
+    }
+
+    /// The masked argmax reads only allowed ids and agrees with `argmax` over the masked copy:
+    /// ties, NaN, infinities, full, empty and partial words, short rows and short masks.
+    #[test]
+    fn masked_argmax_is_argmax_of_the_masked_row() {
+        let mut state = 99u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        for len in [0usize, 1, 31, 32, 33, 100, 1000, 151_936] {
+            for case in 0..8 {
+                let mut v: Vec<f32> = (0..len).map(|_| (next() % 50) as f32 / 10.0).collect();
+                if case == 1 {
+                    v.iter_mut().step_by(3).for_each(|x| *x = f32::NAN);
+                }
+                if case == 2 && len > 0 {
+                    let at = next() as usize % len;
+                    v[at] = f32::INFINITY;
+                }
+                if case == 3 {
+                    v.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                }
+                let nwords = if case == 4 { len / 64 } else { len.div_ceil(32) };
+                let words: Vec<u32> = (0..nwords)
+                    .map(|_| match next() % 4 {
+                        0 => 0,
+                        1 => u32::MAX,
+                        _ => next() & next(),
+                    })
+                    .collect();
+                let mut masked = Vec::new();
+                copy_masked(&mut masked, &v, &words);
+                assert_eq!(masked_argmax(&v, &words), argmax(&masked), "len {len} case {case}");
+            }
         }
     }
 

@@ -34,6 +34,11 @@ pub struct ThroughputArgs {
     /// With --sweep: prompts per level = waves × concurrency.
     #[arg(long, default_value_t = 1)]
     waves: usize,
+    /// Constrain every request, as vLLM's `structured_outputs` field does: a JSON object with one
+    /// of json (a schema), regex, choice, grammar (Lark) or json_object. Samples end where the
+    /// grammar completes, so choose one that runs for --output-len tokens to time decoding.
+    #[arg(long)]
+    structured_output: Option<String>,
     /// Where --sweep writes throughput-sweep.json and throughput-sweep.png.
     #[arg(long, default_value = "bench-results")]
     out_dir: PathBuf,
@@ -57,6 +62,19 @@ struct Level {
     /// Speculative decoding: draft tokens proposed and accepted, and tokens per verification.
     #[serde(skip_serializing_if = "Option::is_none")]
     spec_decode: Option<SpecSummary>,
+    /// Structured output: what the grammar masks cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grammar_masks: Option<MaskSummary>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct MaskSummary {
+    masks: u64,
+    mean_us: f64,
+    /// The histogram bucket bound at or below which 99% of the masks fall.
+    p99_bound_us: f64,
+    /// Seconds of mask computation per second of the run (summed over the kernel threads).
+    share_of_elapsed: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -144,7 +162,15 @@ fn run_level(
     }
     let engine = Engine::start(build_core(lm, draft, &pool)?);
     let n = prompts.len();
-    let params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };
+    let mut params = RequestParams { max_tokens: a.output_len, ignore_eos: true, ..Default::default() };
+    if let Some(spec) = &a.structured_output {
+        let v: serde_json::Value = serde_json::from_str(spec).context("--structured-output is not JSON")?;
+        let c = flint_server::structured::structured_outputs(&v)
+            .map_err(|e| anyhow::anyhow!("--structured-output: {}", e.message))?
+            .context("--structured-output sets no constraint")?;
+        let grammar = engine.grammars().compile(&c).map_err(|e| anyhow::anyhow!("--structured-output: {e}"))?;
+        params.structured = Some(flint_engine::structured::StructuredOutput { grammar, after: None });
+    }
     let t0 = Instant::now();
     let mut streams = Vec::with_capacity(n);
     for (i, p) in prompts.into_iter().enumerate() {
@@ -188,6 +214,13 @@ fn run_level(
         accepted_tokens: c.accepted_tokens,
         mean_acceptance_length: c.mean_acceptance_length(),
     });
+    let h = engine.stats().grammar_masks;
+    let grammar_masks = (h.count > 0).then(|| MaskSummary {
+        masks: h.count,
+        mean_us: h.mean_secs() * 1e6,
+        p99_bound_us: h.quantile_bound(0.99) * 1e6,
+        share_of_elapsed: h.sum_secs / elapsed,
+    });
     engine.shutdown();
     Ok(Level {
         concurrency,
@@ -200,6 +233,7 @@ fn run_level(
         decode_tokens_per_s: decode_tokens as f64 / (elapsed - all_started).max(1e-9),
         preemptions,
         spec_decode,
+        grammar_masks,
     })
 }
 
@@ -220,6 +254,15 @@ fn print_level(l: &Level) {
         println!(
             "  speculative decoding: {} of {} draft tokens accepted, mean acceptance length {:.2}",
             s.accepted_tokens, s.draft_tokens, s.mean_acceptance_length
+        );
+    }
+    if let Some(m) = &l.grammar_masks {
+        println!(
+            "  structured output: {} masks, mean {:.1} µs, p99 <= {:.0} µs, {:.1}% of the run's time",
+            m.masks,
+            m.mean_us,
+            m.p99_bound_us,
+            100.0 * m.share_of_elapsed
         );
     }
 }

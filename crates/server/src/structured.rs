@@ -89,8 +89,9 @@ fn response_format(v: &Value) -> ApiResult<Option<Constraint>> {
     }
 }
 
-/// vLLM's `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar`, `json_object`.
-fn structured_outputs(v: &Value) -> ApiResult<Option<Constraint>> {
+/// vLLM's `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar`, `json_object`
+/// (also what `flint bench throughput --structured-output` takes).
+pub fn structured_outputs(v: &Value) -> ApiResult<Option<Constraint>> {
     const P: &str = "structured_outputs";
     let o = v.as_object().ok_or_else(|| bad(P, "`structured_outputs` must be an object"))?;
     let mut found = Vec::new();
@@ -107,12 +108,14 @@ fn structured_outputs(v: &Value) -> ApiResult<Option<Constraint>> {
             "json_object" => continue,
             // Options that only tune a backend: flint's output is the same with or without them.
             "disable_fallback" | "disable_additional_properties" | "backend" => continue,
-            other => return Err(bad(
-                P,
-                format!(
+            other => {
+                return Err(bad(
+                    P,
+                    format!(
                     "`structured_outputs.{other}` is not supported; use json, regex, choice, grammar or json_object"
                 ),
-            )),
+                ))
+            }
         };
         found.push(c);
     }

@@ -39,10 +39,11 @@ pub struct CompiledGrammar {
 }
 
 impl CompiledGrammar {
-    /// A fresh matcher at the start of the grammar, independent of every other (its own lexer
-    /// caches, so samples on different threads never contend).
+    /// A fresh matcher at the start of the grammar. It shares the prototype's lexer cache (a
+    /// mutex inside llguidance), so a lexer state one sample built serves every other: measured
+    /// at 16 sequences, deep copies (each building its own) were no faster on two cores.
     pub(crate) fn start(&self) -> Matcher {
-        self.proto.deep_clone()
+        self.proto.as_ref().clone()
     }
 }
 
