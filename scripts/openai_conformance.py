@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Conformance of `flint serve` with the official `openai` Python package.
 
-Starts the real binary three times (the built-in demo model; a scripted model that answers with a
-tool call; the demo behind an API key with a one-slot queue) and drives each with the SDK the way
-applications do: chat and completions, streaming with include_usage, n=2, stop strings, logprobs,
-echo, tool calls, and the error statuses as the SDK raises them. Exits non-zero on the first
+Starts the real binary four times (the built-in demo model; a scripted model that answers with a
+tool call; a scripted reasoning model behind --reasoning-parser; the demo behind an API key with a
+one-slot queue) and drives each with the SDK the way applications do: chat and completions,
+streaming with include_usage, n=2, stop strings, logprobs, echo, tool calls, structured outputs
+(`chat.completions.parse` with a Pydantic model, forced tool calls), reasoning fields, and the
+error statuses as the SDK raises them. Exits non-zero on the first
 failure. Run by .ci/run:  python scripts/openai_conformance.py --flint target/debug/flint
 """
 
@@ -20,7 +22,10 @@ import time
 import urllib.request
 
 import openai
+import pydantic
+from typing import Literal
 
+REASONING_SCRIPT = 'The user wants a city.</think>\n\n{"city": "Paris"}'
 TOOL_SCRIPT = '<tool_call>{"name": "get_weather","arguments":{"city":"Paris"}}</tool_call>'
 TOOLS = [{
     "type": "function",
@@ -186,6 +191,76 @@ def tool_checks(srv):
     check(text.endswith('"city":"') and "Par" not in text, "a partial stop string is never streamed")
 
 
+class Address(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=8)
+    zip: str = pydantic.Field(pattern=r"^[0-9]{5}$")
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=6)
+    age: int = pydantic.Field(ge=0, le=99)
+    pets: list[Literal["cat", "dog"]] = pydantic.Field(max_length=2)
+    address: Address
+
+
+def structured_checks(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "Describe a person."}]
+    r = c.chat.completions.parse(model="demo", messages=msgs, response_format=Person, max_tokens=200, seed=3)
+    p = r.choices[0].message.parsed
+    check(isinstance(p, Person) and isinstance(p.address, Address), "chat.completions.parse returns the Pydantic object")
+    r = c.chat.completions.create(model="demo", messages=msgs, response_format={"type": "json_object"}, max_tokens=60,
+                                  temperature=0)
+    ch = r.choices[0]
+    check(ch.finish_reason == "length" or isinstance(json.loads(ch.message.content), dict),
+          "json_object: a JSON object (or cut by max_tokens)")
+    r = c.chat.completions.create(model="demo", messages=msgs, max_tokens=10, n=3,
+                                  extra_body={"structured_outputs": {"choice": ["red", "green"]}})
+    check(all(ch.message.content in ("red", "green") for ch in r.choices), "structured_outputs.choice")
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"]}}}]
+    r = c.chat.completions.create(model="demo", messages=msgs, tools=tools, tool_choice="required", max_tokens=100,
+                                  parallel_tool_calls=False)
+    ch = r.choices[0]
+    call = ch.message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    check(ch.finish_reason == "tool_calls" and call.function.name in ("get_weather", "get_time")
+          and (isinstance(args.get("city"), str) or isinstance(args.get("utc"), bool)),
+          "tool_choice required: a schema-valid tool call")
+    r = c.chat.completions.create(model="demo", messages=msgs, tools=tools, max_tokens=100,
+                                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+    call = r.choices[0].message.tool_calls[0]
+    check(call.function.name == "get_time" and isinstance(json.loads(call.function.arguments)["utc"], bool),
+          "named tool_choice forces that function")
+    try:
+        c.chat.completions.create(model="demo", messages=msgs, max_tokens=2,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})
+        check(False, "a bad schema must be refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body.get("param") == "response_format", "bad schema: 400 naming response_format")
+
+
+def reasoning_checks(srv):
+    c = srv.client()
+    msgs = [{"role": "user", "content": "Capital of France?"}]
+    r = c.chat.completions.create(model="r1", messages=msgs)
+    m = r.choices[0].message
+    check(getattr(m, "reasoning_content", None) == "The user wants a city." and getattr(m, "reasoning", None) == m.reasoning_content,
+          "message.reasoning / reasoning_content hold the chain of thought")
+    check(m.content == '{"city": "Paris"}', "the answer follows </think>")
+    check(r.usage.completion_tokens_details.reasoning_tokens > 0, "usage reasoning_tokens")
+    chunks = list(c.chat.completions.create(model="r1", messages=msgs, stream=True))
+    reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks if ch.choices)
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    check(reasoning == "The user wants a city." and content == '{"city": "Paris"}', "streamed delta.reasoning_content")
+
+    class City(pydantic.BaseModel):
+        city: str
+
+    r = c.chat.completions.parse(model="r1", messages=msgs, response_format=City)
+    check(r.choices[0].message.parsed == City(city="Paris"), "parse after the reasoning")
+
+
 def limit_checks(srv):
     good = srv.client(api_key="sekret")
     check(good.models.list().data[0].id == "demo", "a valid API key is accepted")
@@ -213,8 +288,12 @@ def main():
         scripted = os.path.join(tmp, "scripted")
         subprocess.run([args.flint, "synth", "--shape", "scripted", "--script", TOOL_SCRIPT, "--out", scripted],
                        check=True, capture_output=True)
+        r1 = os.path.join(tmp, "r1")
+        subprocess.run([args.flint, "synth", "--shape", "scripted", "--script", REASONING_SCRIPT, "--out", r1],
+                       check=True, capture_output=True)
         for srv_args, checks in [
-            (["--served-model-name", "demo"], demo_checks),
+            (["--served-model-name", "demo"], lambda srv: (demo_checks(srv), structured_checks(srv))),
+            (["--model", r1, "--served-model-name", "r1", "--reasoning-parser", "deepseek_r1"], reasoning_checks),
             (["--model", scripted, "--served-model-name", "scripted"], tool_checks),
             (["--served-model-name", "demo", "--api-key", "sekret", "--max-num-seqs", "1",
               "--max-queued-requests", "0"], limit_checks),
