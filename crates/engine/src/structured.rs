@@ -39,8 +39,10 @@ pub enum Constraint {
     /// A grammar in llguidance's Lark dialect (which also embeds `%json {…}` schemas).
     Lark(String),
     /// One or more Qwen/Hermes tool calls, `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`,
-    /// each naming one of `tools` with arguments valid under its parameter schema.
-    ToolCalls { tools: Vec<ToolSchema>, parallel: bool },
+    /// each naming one of `tools` with arguments valid under its parameter schema. With
+    /// `optional`, free text may come first and the calls may not come at all (`tool_choice:
+    /// "auto"` with strict tools: only a call, once it starts, is constrained).
+    ToolCalls { tools: Vec<ToolSchema>, parallel: bool, optional: bool },
 }
 
 /// A callable function: its name and the JSON Schema of its arguments.
@@ -82,7 +84,9 @@ impl Constraint {
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-            Constraint::ToolCalls { tools, parallel } => TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)),
+            Constraint::ToolCalls { tools, parallel, optional } => {
+                TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel, *optional))
+            }
         }
     }
 
@@ -94,9 +98,9 @@ impl Constraint {
             Constraint::Regex(r) => format!("regex:{r}"),
             Constraint::Choice(c) => format!("choice:{}", Value::from(c.clone())),
             Constraint::Lark(g) => format!("lark:{g}"),
-            Constraint::ToolCalls { tools, parallel } => {
+            Constraint::ToolCalls { tools, parallel, optional } => {
                 let t: Vec<Value> = tools.iter().map(|t| json!([t.name, t.parameters])).collect();
-                format!("tools:{parallel}:{}", Value::from(t))
+                format!("tools:{parallel}:{optional}:{}", Value::from(t))
             }
         }
     }
@@ -104,7 +108,9 @@ impl Constraint {
 
 /// Tool calls as the Qwen2.5 template writes them: `<tool_call>` and `</tool_call>` are single
 /// tokens, the call's JSON has `name` first and `arguments` second, calls are one per line.
-fn tool_calls_lark(tools: &[ToolSchema], parallel: bool) -> String {
+/// Optional calls may follow free text, which cannot contain `<tool_call>` (a special token is
+/// never text), so the grammar knows a call has started the moment that token is drawn.
+fn tool_calls_lark(tools: &[ToolSchema], parallel: bool, optional: bool) -> String {
     let variants: Vec<Value> = tools
         .iter()
         .map(|t| {
@@ -117,7 +123,9 @@ fn tool_calls_lark(tools: &[ToolSchema], parallel: bool) -> String {
         })
         .collect();
     let schema = json!({"x-guidance": layout(), "anyOf": variants});
-    let start = if parallel { "start: call (\"\\n\" call)*" } else { "start: call" };
+    let calls = if parallel { "call (\"\\n\" call)*" } else { "call" };
+    let start =
+        if optional { format!("start: TEXT | TEXT? {calls}\nTEXT: /(?s:.+)/") } else { format!("start: {calls}") };
     format!("{start}\ncall: <tool_call> \"\\n\" %json {schema} \"\\n\" </tool_call>\n")
 }
 

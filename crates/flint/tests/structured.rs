@@ -211,3 +211,28 @@ async fn reasoning_is_split_from_the_answer() {
     assert_eq!(r["choices"][0]["message"]["content"], "{\"city\": \"Paris\"}");
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
 }
+
+/// `tool_choice: "auto"` with a `strict` tool: the model may answer in text, but a call, once
+/// started, follows the tool's schema (the scripted model would say Paris; the schema allows
+/// only Oslo). Without `strict` the call comes back as the model wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_tools_constrain_a_call_once_it_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    scripted(&model, r#"<tool_call>{"name": "get_weather","arguments":{"city":"Paris"}}</tool_call>"#);
+    let s = start(&["--model", model.to_str().unwrap()], Some(tmp)).await;
+    let msgs = json!([{"role": "user", "content": "Weather?"}]);
+    let params = json!({"type": "object", "properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"]});
+    for (strict, city) in [(true, "Oslo"), (false, "Paris")] {
+        let tools =
+            json!([{"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters": params}}]);
+        let (st, r) =
+            post(&s, "/v1/chat/completions", json!({"messages": msgs, "tools": tools, "max_tokens": 60})).await;
+        assert_eq!(st, 200, "{r}");
+        let c = &r["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        let args: Value =
+            serde_json::from_str(c["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args["city"], city, "strict {strict}");
+    }
+}

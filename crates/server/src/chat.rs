@@ -115,20 +115,43 @@ fn tool_mode(req: &ChatRequest) -> ApiResult<ToolMode> {
     let tools = req.tools.as_deref().unwrap_or_default();
     crate::limits::check_tools(tools)?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
-    let forced = |tools: Vec<ToolSchema>, parallel: bool| ToolMode {
+    let forced = |tools: Vec<ToolSchema>, parallel: bool, optional: bool| ToolMode {
         parse: true,
-        forced: Some(Requested { param: "tool_choice", constraint: Constraint::ToolCalls { tools, parallel } }),
+        forced: Some(Requested {
+            param: "tool_choice",
+            constraint: Constraint::ToolCalls { tools, parallel, optional },
+        }),
+    };
+    // `strict: true` on any tool: with tool_choice auto, a call, once it starts, follows its
+    // schema (the other tools' arguments need only be an object).
+    let strict = |t: &Value| t.pointer("/function/strict") == Some(&Value::Bool(true));
+    let auto = || {
+        if tools.iter().any(strict) {
+            let schemas = tools
+                .iter()
+                .map(|t| {
+                    let mut s = tool_schema(t);
+                    if !strict(t) {
+                        s.parameters = json!({"type": "object"});
+                    }
+                    s
+                })
+                .collect();
+            forced(schemas, parallel, true)
+        } else {
+            ToolMode { parse: !tools.is_empty(), forced: None }
+        }
     };
     let bad = |m: String| Err(ApiError::invalid("tool_choice", m));
     match &req.tool_choice {
-        None => Ok(ToolMode { parse: !tools.is_empty(), forced: None }),
-        Some(Value::String(s)) if s == "auto" => Ok(ToolMode { parse: !tools.is_empty(), forced: None }),
+        None => Ok(auto()),
+        Some(Value::String(s)) if s == "auto" => Ok(auto()),
         Some(Value::String(s)) if s == "none" => Ok(ToolMode { parse: false, forced: None }),
         Some(Value::String(s)) if s == "required" => {
             if tools.is_empty() {
                 return bad("`tool_choice` \"required\" needs at least one tool in `tools`".into());
             }
-            Ok(forced(tools.iter().map(tool_schema).collect(), parallel))
+            Ok(forced(tools.iter().map(tool_schema).collect(), parallel, false))
         }
         Some(v @ Value::Object(_)) => {
             let name =
@@ -141,7 +164,7 @@ fn tool_mode(req: &ChatRequest) -> ApiResult<ToolMode> {
                     }
                 };
             match tools.iter().find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name)) {
-                Some(t) => Ok(forced(vec![tool_schema(t)], false)),
+                Some(t) => Ok(forced(vec![tool_schema(t)], false, false)),
                 None => bad(format!("`tool_choice` names {name:?}, which is not in `tools`")),
             }
         }
@@ -187,6 +210,8 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let tools = tool_mode(&req)?;
     let parse_tools = tools.parse;
     let constraint = match (tools.forced, crate::structured::requested(&req.common)?) {
+        // Strict tools under "auto" yield to an explicit output format.
+        (Some(t), Some(r)) if matches!(t.constraint, Constraint::ToolCalls { optional: true, .. }) => Some(r),
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
                 "tool_choice",

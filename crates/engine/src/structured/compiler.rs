@@ -302,7 +302,9 @@ pub(crate) mod tests {
                 parameters: json!({"type": "object", "properties": {}}),
             },
         ];
-        let one = compiler().compile(&Constraint::ToolCalls { tools: tools.clone(), parallel: false }).unwrap();
+        let one = compiler()
+            .compile(&Constraint::ToolCalls { tools: tools.clone(), parallel: false, optional: false })
+            .unwrap();
         let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let mut s = GrammarState::new(&one, None).unwrap();
         assert!(walk(&mut s, call));
@@ -311,10 +313,22 @@ pub(crate) mod tests {
         assert!(!walk(&mut s, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}"));
         let mut s = GrammarState::new(&one, None).unwrap();
         assert!(!walk(&mut s, "<tool_call>\n{\"name\": \"delete_everything\""));
-        let many = compiler().compile(&Constraint::ToolCalls { tools, parallel: true }).unwrap();
+        let many = compiler()
+            .compile(&Constraint::ToolCalls { tools: tools.clone(), parallel: true, optional: false })
+            .unwrap();
         let mut s = GrammarState::new(&many, None).unwrap();
         let two = format!("{call}\n<tool_call>\n{{\"name\": \"now\", \"arguments\": {{}}}}\n</tool_call>");
         assert!(walk(&mut s, &two));
         assert!(!s.is_finished(), "parallel calls may go on");
+
+        // Optional calls (tool_choice auto, strict tools): text, then a call held to its schema.
+        let auto = compiler().compile(&Constraint::ToolCalls { tools, parallel: false, optional: true }).unwrap();
+        let mut s = GrammarState::new(&auto, None).unwrap();
+        assert!(walk(&mut s, "Just an answer, no call."));
+        let mut s = GrammarState::new(&auto, None).unwrap();
+        assert!(walk(&mut s, &format!("Let me check.\n{call}")));
+        assert!(s.is_finished());
+        let mut s = GrammarState::new(&auto, None).unwrap();
+        assert!(!walk(&mut s, "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\""));
     }
 }
