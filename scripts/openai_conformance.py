@@ -130,6 +130,10 @@ def demo_checks(srv):
     check(ch.logprobs.token_logprobs[0] is None and ch.logprobs.token_logprobs[1] is not None,
           "echo + logprobs gives the prompt tokens' logprobs")
     check(len(ch.logprobs.tokens) == 2 + 3, "logprobs cover prompt and completion")
+    r = c.completions.create(model="demo", prompt="Hello world", echo=True, max_tokens=0, logprobs=0)
+    ch = r.choices[0]
+    check(ch.text == "Hello world" and ch.logprobs.token_logprobs[0] is None and len(ch.logprobs.tokens) == 2
+          and r.usage.completion_tokens == 0, "echo with max_tokens 0 scores the prompt")
 
     r = c.completions.create(model=name, prompt=["Once upon", "Hi"], max_tokens=2, n=2)
     check(len(r.choices) == 4, "list of prompts x n choices")
@@ -217,8 +221,13 @@ def structured_checks(srv):
     r = c.chat.completions.create(model="demo", messages=msgs, max_tokens=10, n=3,
                                   extra_body={"structured_outputs": {"choice": ["red", "green"]}})
     check(all(ch.message.content in ("red", "green") for ch in r.choices), "structured_outputs.choice")
-    tools = [TOOLS[0], {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"]}}}]
+    # Random weights: bounded arguments, so a forced call always closes within max_tokens.
+    weather = json.loads(json.dumps(TOOLS[0]))
+    weather["function"]["parameters"]["properties"]["city"]["maxLength"] = 10
+    weather["function"]["parameters"]["additionalProperties"] = False
+    tools = [weather, {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
+        "additionalProperties": False}}}]
     r = c.chat.completions.create(model="demo", messages=msgs, tools=tools, tool_choice="required", max_tokens=100,
                                   parallel_tool_calls=False)
     ch = r.choices[0]

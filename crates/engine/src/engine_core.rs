@@ -128,8 +128,8 @@ pub fn validate(req: &Request, info: &ModelInfo, sched: &SchedulerConfig) -> Res
     if p.n == 0 || p.n > MAX_N {
         return invalid(format!("n must be between 1 and {MAX_N}, got {}", p.n));
     }
-    if p.max_tokens == 0 {
-        return invalid("max_tokens must be at least 1".into());
+    if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
+        return invalid("max_tokens must be at least 1 (0 only scores the prompt, with prompt_logprobs)".into());
     }
     if p.min_tokens > p.max_tokens {
         return invalid(format!("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens, p.max_tokens));
@@ -378,6 +378,10 @@ impl<R: ModelRunner> EngineCore<R> {
         for chunk in &plan.chunks {
             let rows = chunk_rows(chunk);
             row += rows;
+            if chunk.sample && self.samples.get(&chunk.seq).is_some_and(|s| s.params.max_tokens == 0) {
+                // Prompt scoring (max_tokens 0): the prompt is in, nothing is drawn.
+                continue;
+            }
             if chunk.sample {
                 // The pending token's row, then one per draft token.
                 let first = row - 1 - chunk.draft;
@@ -396,6 +400,8 @@ impl<R: ModelRunner> EngineCore<R> {
             if chunk.sample {
                 if let Some(d) = drawn.remove(&chunk.seq) {
                     self.take_drawn(chunk.seq, d);
+                } else if self.samples.get(&chunk.seq).is_some_and(|s| s.params.max_tokens == 0) {
+                    self.end_sample(chunk.seq, Finished { reason: FinishReason::Length, stop: None }, String::new());
                 }
             }
         }

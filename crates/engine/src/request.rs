@@ -4,8 +4,11 @@
 use crate::sampler::{SamplingParams, TokenLogprobs};
 use crate::structured::StructuredOutput;
 
-/// Most top-logprobs a request may ask for (vLLM's default `max_logprobs`).
-pub const MAX_LOGPROBS: usize = 20;
+/// Most top-logprobs the engine computes per token; a server's `--max-logprobs` (vLLM's name,
+/// default [`DEFAULT_MAX_LOGPROBS`]) is at most this.
+pub const MAX_LOGPROBS: usize = 1024;
+/// vLLM's default `max_logprobs`.
+pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 /// Most samples per request.
 pub const MAX_N: usize = 128;
 
@@ -14,6 +17,7 @@ pub struct RequestParams {
     pub sampling: SamplingParams,
     /// Independent samples of the same prompt (choices), sharing its KV blocks.
     pub n: usize,
+    /// 0 scores the prompt (with `prompt_logprobs`) and draws nothing.
     pub max_tokens: usize,
     /// Stop ids (EOS, `stop_token_ids`) cannot end generation before this many tokens.
     pub min_tokens: usize,

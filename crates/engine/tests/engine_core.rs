@@ -283,6 +283,32 @@ fn logprobs_and_prompt_logprobs() {
     assert_eq!(seen_prompt, 1, "prompt logprobs are sent once");
 }
 
+/// max_tokens 0 scores the prompt (evaluation harnesses' `echo` with `max_tokens: 0`): its
+/// logprobs, then a `length` finish with no token, for every sample; without prompt logprobs
+/// it is refused.
+#[test]
+fn max_tokens_zero_scores_the_prompt() {
+    let p = prompt(5, 6, 6);
+    let mut c = core(config(256, 4, 8));
+    let (log, s) = sink();
+    c.add(req("z", p.clone(), RequestParams { prompt_logprobs: Some(1), n: 2, ..greedy(0) }), s).unwrap();
+    run(&mut c);
+    let events = log.lock().unwrap().clone();
+    let outs: Vec<&SampleOutput> =
+        events.iter().map(|e| if let EngineEvent::Output(o) = e { o } else { panic!("{e:?}") }).collect();
+    assert_eq!(outs.len(), 2, "one final event per sample: {events:?}");
+    for o in &outs {
+        assert!(o.token_ids.is_empty() && o.text.is_empty());
+        assert_eq!(o.finished.as_ref().map(|f| f.reason), Some(FinishReason::Length));
+    }
+    let pl = outs.iter().find_map(|o| o.prompt_logprobs.clone()).expect("prompt logprobs");
+    assert_eq!(pl.len(), p.len());
+    assert!(pl[1..].iter().all(|e| e.is_some()));
+    assert_eq!(c.scheduler().kv().pool().num_held(), 0, "blocks back in the pool");
+    let (_, s) = sink();
+    assert!(c.add(req("zz", p, greedy(0)), s).is_err());
+}
+
 #[test]
 fn a_failing_step_ends_its_requests_and_the_engine_keeps_serving() {
     for panic in [false, true] {

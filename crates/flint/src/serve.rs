@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
     #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
     dtype: String,
+    /// Most top logprobs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs).
+    #[arg(long, default_value_t = flint_engine::request::DEFAULT_MAX_LOGPROBS as u32,
+          value_parser = clap::value_parser!(u32).range(0..=flint_engine::request::MAX_LOGPROBS as i64))]
+    max_logprobs: u32,
     /// Return a reasoning model's chain of thought (up to `</think>`) as `message.reasoning`,
     /// apart from its answer: deepseek_r1 (R1-Distill-Qwen) or qwen3.
     #[arg(long, value_parser = ["deepseek_r1", "qwen3"])]
@@ -82,6 +86,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_secs_f64(a.header_timeout),
         body_timeout: Duration::from_secs_f64(a.body_timeout),
         max_connections: a.max_connections,
+        max_logprobs: a.max_logprobs as usize,
         reasoning_parser: a.reasoning_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!(e))?,
     };
     if a.max_connections == 0 {

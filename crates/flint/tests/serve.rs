@@ -434,3 +434,60 @@ async fn ngram_speculation_serves_the_same_greedy_text_and_reports_acceptance() 
         "{err}"
     );
 }
+
+/// Prompt scoring as evaluation harnesses do it (`echo` with `max_tokens: 0`), vLLM's
+/// `prompt_logprobs`, and `--max-logprobs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_scoring_prompt_logprobs_and_max_logprobs() {
+    let s = start(&["--max-logprobs", "5"], None).await;
+    let (st, r) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Hello world, again", "echo": true, "max_tokens": 0, "logprobs": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!(c["text"], "Hello world, again");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(r["usage"]["completion_tokens"], 0);
+    let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len() as u64, r["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert!(lps[0].is_null() && lps[1..].iter().all(|l| l.as_f64().is_some_and(|l| l <= 0.0)), "{c}");
+    let (st, r) = post(&s, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 0})).await;
+    assert_error(st, &r, 400, Some("max_tokens"));
+
+    // --max-logprobs 5: 5 is fine, 6 names its field.
+    let (st, r) = post(&s, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 1, "logprobs": 5})).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"][0]["logprobs"]["top_logprobs"][0].as_object().unwrap().len(), 5);
+    let (st, r) = post(&s, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 1, "logprobs": 6})).await;
+    assert_error(st, &r, 400, Some("logprobs"));
+    let body =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": true, "top_logprobs": 6});
+    let (st, r) = post(&s, "/v1/chat/completions", body).await;
+    assert_error(st, &r, 400, Some("top_logprobs"));
+
+    // prompt_logprobs: per choice on completions, at the top on chat; not with streaming.
+    let (st, r) =
+        post(&s, "/v1/completions", json!({"prompt": [11, 22, 33, 44], "max_tokens": 2, "prompt_logprobs": 2})).await;
+    assert_eq!(st, 200, "{r}");
+    let pl = r["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(pl.len(), 4);
+    assert!(pl[0].is_null());
+    for (i, id) in [(1, "22"), (2, "33"), (3, "44")] {
+        let e = pl[i].as_object().unwrap();
+        assert!(e.contains_key(id) && e.len() <= 3, "{e:?}");
+        assert!(e[id]["logprob"].as_f64().is_some_and(|l| l <= 0.0));
+    }
+    let (st, r) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "prompt_logprobs": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["prompt_logprobs"].as_array().unwrap().len() as u64, r["usage"]["prompt_tokens"].as_u64().unwrap());
+    let (st, r) = post(&s, "/v1/completions", json!({"prompt": "Hi", "prompt_logprobs": 1, "stream": true})).await;
+    assert_error(st, &r, 400, Some("prompt_logprobs"));
+}

@@ -104,8 +104,8 @@ async fn constrained_output_on_the_demo_model() {
 
     // tool_choice "required" and a named function: schema-valid tool calls.
     let tools = json!([
-        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}},
-        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"]}}}
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": false}}}
     ]);
     for (choice, want) in
         [(json!("required"), None), (json!({"type": "function", "function": {"name": "get_time"}}), Some("get_time"))]

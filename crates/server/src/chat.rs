@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
-use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, Timer};
+use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, Timer};
 use crate::prompt_tokens::encode_bounded;
-use crate::protocol::{chat_logprobs, parse_request, ChatRequest};
+use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
 use crate::reasoning::ReasoningSplit;
 use crate::state::{ServingModel, SharedState};
 use crate::structured::Requested;
@@ -224,8 +224,9 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     // Everything cheap is checked before the prompt is rendered and tokenized, and the request
     // holds its place in the admission count while that runs.
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
-    params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
-    req.common.max_tokens(0, model.max_model_len)?;
+    params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs, state.cfg.max_logprobs)?;
+    params.prompt_logprobs = prompt_logprobs(&req.common, state.cfg.max_logprobs)?;
+    req.common.max_tokens(0, model.max_model_len, false)?;
     if let Some(c) = constraint {
         // Qwen3 templates close an empty reasoning in the prompt when thinking is off.
         let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.get("enable_thinking")) != Some(&json!(false));
@@ -242,11 +243,11 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     .await
     .map_err(|_| ApiError::internal("prompt rendering panicked"))?;
     let prompt = prompt?;
-    params.max_tokens = req.common.max_tokens(prompt.len(), model.max_model_len)?;
+    params.max_tokens = req.common.max_tokens(prompt.len(), model.max_model_len, false)?;
     let id = new_id("chatcmpl");
     let n = params.n;
     let prompt_len = prompt.len();
-    let mut jobs = submit(&model, &id, vec![prompt], &params, "messages", &mut guard)?;
+    let mut jobs = submit(&model, &id, vec![prompt.clone()], &params, "messages", &mut guard)?;
     let mut timer = Timer::new(arrival, n);
     let created = now_unix();
     let ctx = StreamCtx {
@@ -309,15 +310,19 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let cached = choices.first().map_or(0, |c| c.cached_tokens);
     state.metrics.finished(reason0, timer.elapsed());
     log_request(&id, prompt_len, completion, cached, &timer, reason0);
-    Ok(Json(json!({
+    let mut body = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": state.cfg.served_model_name,
         "choices": out,
         "usage": with_reasoning(usage(prompt_len, completion, cached), reasoning.map(|_| reasoning_tokens)),
-    }))
-    .into_response())
+    });
+    if let Some(k) = params.prompt_logprobs {
+        let plps = choices.first().and_then(|c| c.prompt_logprobs.as_ref());
+        body["prompt_logprobs"] = vllm_prompt_logprobs(&model.tokenizer, &prompt, plps, k);
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Usage with `completion_tokens_details.reasoning_tokens` when a reasoning parser runs.

@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 use crate::chat::check_model;
 use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
+use crate::output::vllm_prompt_logprobs;
 use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Timer};
 use crate::prompt_tokens::encode_bounded;
-use crate::protocol::{completion_logprobs, parse_request, CompletionRequest};
+use crate::protocol::{completion_logprobs, parse_request, prompt_logprobs, CompletionRequest};
 use crate::state::{ServingModel, SharedState};
 
 pub async fn completions(State(state): State<SharedState>, body: Bytes) -> Response {
@@ -131,11 +132,16 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     }
     let echo = req.echo.unwrap_or(false);
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
-    params.logprobs = completion_logprobs(req.logprobs)?;
+    let max_logprobs = state.cfg.max_logprobs;
+    params.logprobs = completion_logprobs(req.logprobs, max_logprobs)?;
+    let prompt_lps = prompt_logprobs(&req.common, max_logprobs)?;
+    // `echo` with `max_tokens: 0` scores the prompt: its logprobs, nothing generated.
+    let scoring = echo && req.common.max_tokens(0, model.max_model_len, true)? == 0;
     if echo {
-        params.prompt_logprobs = params.logprobs;
+        params.prompt_logprobs = params.logprobs.or(scoring.then_some(0));
     }
-    req.common.max_tokens(0, model.max_model_len)?;
+    params.prompt_logprobs = params.prompt_logprobs.max(prompt_lps);
+    req.common.max_tokens(0, model.max_model_len, echo)?;
     if let Some(r) = crate::structured::requested(&req.common)? {
         params.structured = Some(crate::structured::compile(&model, r, None).await?);
     }
@@ -147,7 +153,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         .await
         .map_err(|_| ApiError::internal("prompt tokenization panicked"))??;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    params.max_tokens = req.common.max_tokens(longest, model.max_model_len)?;
+    params.max_tokens = req.common.max_tokens(longest, model.max_model_len, echo)?;
     let id = new_id("cmpl");
     let n = params.n;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
@@ -198,13 +204,18 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         for (t, l) in c.token_ids.iter().zip(&c.logprobs) {
             offset = lp.push(&model.tokenizer, *t, Some(l), offset);
         }
-        out.push(json!({
+        let mut choice = json!({
             "index": i,
             "text": text,
             "logprobs": params.logprobs.map(|_| lp.to_json()),
             "finish_reason": finish_reason(&fin, false),
             "stop_reason": stop_reason(&fin, eos),
-        }));
+        });
+        if let Some(k) = prompt_lps {
+            let plps = choices[i - i % n].prompt_logprobs.as_ref();
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(&model.tokenizer, prompt, plps, k);
+        }
+        out.push(choice);
     }
     let cached = choices.iter().step_by(n).map(|c| c.cached_tokens).sum();
     let reason = out.first().and_then(|c| c["finish_reason"].as_str()).map_or("stop", |r| match r {

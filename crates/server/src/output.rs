@@ -53,6 +53,34 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     })
 }
 
+/// vLLM's `prompt_logprobs`: `null` for the first token (nothing predicts it), then per prompt
+/// token an object keyed by token id holding that token and the `k` most likely ids, each as
+/// `{"logprob", "decoded_token"}` (vLLM also reports a rank, which flint does not compute).
+pub fn vllm_prompt_logprobs(
+    tok: &Tokenizer,
+    prompt: &[u32],
+    plps: Option<&Vec<Option<TokenLogprobs>>>,
+    k: usize,
+) -> Value {
+    let entry = |id: u32, lp: f32| json!({"logprob": lp, "decoded_token": token_text(tok, id)});
+    let list: Vec<Value> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| match plps.and_then(|v| v.get(i)).and_then(Option::as_ref) {
+            None => Value::Null,
+            Some(lp) => {
+                let mut m = serde_json::Map::new();
+                for &(id, l) in lp.top.iter().take(k) {
+                    m.insert(id.to_string(), entry(id, l));
+                }
+                m.insert(t.to_string(), entry(t, lp.logprob));
+                Value::Object(m)
+            }
+        })
+        .collect();
+    Value::Array(list)
+}
+
 /// A token's text as logprob entries show it (a partial UTF-8 character shows as U+FFFD).
 pub fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false).unwrap_or_default()

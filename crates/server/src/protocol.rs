@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use flint_engine::request::{RequestParams, MAX_LOGPROBS, MAX_N};
+use flint_engine::request::{RequestParams, MAX_N};
 use flint_engine::SamplingParams;
 use serde::Deserialize;
 use serde_json::Value;
@@ -51,6 +51,8 @@ pub struct Common {
     pub cache_salt: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// vLLM's extension: logprobs of the prompt's tokens, with this many alternatives each.
+    pub prompt_logprobs: Option<i64>,
     // Output constraints, validated by `crate::structured`.
     pub response_format: Option<Value>,
     pub structured_outputs: Option<Value>,
@@ -252,14 +254,19 @@ impl Common {
     }
 
     /// `max_completion_tokens` (the newer name) or `max_tokens`; default: what the context has left.
-    pub fn max_tokens(&self, prompt_len: usize, max_model_len: usize) -> ApiResult<usize> {
+    /// `zero_ok`: 0 is allowed (completions' `echo` scoring a prompt).
+    pub fn max_tokens(&self, prompt_len: usize, max_model_len: usize, zero_ok: bool) -> ApiResult<usize> {
         let (name, v) = match (self.max_completion_tokens, self.max_tokens) {
             (Some(v), _) => ("max_completion_tokens", Some(v)),
             (None, v) => ("max_tokens", v),
         };
         match v {
             None => Ok(max_model_len.saturating_sub(prompt_len).max(1)),
-            Some(v) if v >= 1 => Ok(v as usize),
+            Some(v) if v >= 1 || (v == 0 && zero_ok) => Ok(v as usize),
+            Some(0) => Err(ApiError::invalid(
+                name,
+                format!("`{name}` must be at least 1 (0 only with `echo`, to score the prompt)"),
+            )),
             Some(v) => Err(ApiError::invalid(name, format!("`{name}` must be at least 1, got {v}"))),
         }
     }
@@ -273,29 +280,34 @@ impl Common {
     }
 }
 
-/// Completions' logprobs (an integer, at most `MAX_LOGPROBS`).
-pub fn completion_logprobs(v: Option<i64>) -> ApiResult<Option<usize>> {
+/// An integer count of logprobs, 0 to `max` (the server's `--max-logprobs`).
+fn logprob_count(name: &str, v: Option<i64>, max: usize) -> ApiResult<Option<usize>> {
     match v {
         None => Ok(None),
-        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+        Some(k) if (0..=max as i64).contains(&k) => Ok(Some(k as usize)),
         Some(k) => {
-            Err(ApiError::invalid("logprobs", format!("`logprobs` must be between 0 and {MAX_LOGPROBS}, got {k}")))
+            Err(ApiError::invalid(name, format!("`{name}` must be between 0 and {max} (--max-logprobs), got {k}")))
         }
     }
 }
 
-/// Chat's `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs`).
-pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> ApiResult<Option<usize>> {
-    let top = match top {
-        None => None,
-        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("`top_logprobs` must be between 0 and {MAX_LOGPROBS}, got {k}"),
-            ))
-        }
-    };
+/// Completions' logprobs (an integer, at most `max`).
+pub fn completion_logprobs(v: Option<i64>, max: usize) -> ApiResult<Option<usize>> {
+    logprob_count("logprobs", v, max)
+}
+
+/// vLLM's `prompt_logprobs` (at most `max`), not with streaming.
+pub fn prompt_logprobs(c: &Common, max: usize) -> ApiResult<Option<usize>> {
+    let k = logprob_count("prompt_logprobs", c.prompt_logprobs, max)?;
+    if k.is_some() && c.stream() {
+        return Err(ApiError::invalid("prompt_logprobs", "`prompt_logprobs` is not supported with `stream`"));
+    }
+    Ok(k)
+}
+
+/// Chat's `logprobs` (bool) and `top_logprobs` (0..=`max`, only with `logprobs`).
+pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>, max: usize) -> ApiResult<Option<usize>> {
+    let top = logprob_count("top_logprobs", top, max)?;
     match (logprobs.unwrap_or(false), top) {
         (true, t) => Ok(Some(t.unwrap_or(0))),
         (false, Some(t)) if t > 0 => Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs: true`")),
@@ -347,19 +359,24 @@ mod tests {
     #[test]
     fn max_tokens_defaults_to_the_rest_of_the_context() {
         let c = Common::default();
-        assert_eq!(c.max_tokens(10, 100).unwrap(), 90);
+        assert_eq!(c.max_tokens(10, 100, false).unwrap(), 90);
         let c = Common { max_tokens: Some(0), ..Default::default() };
-        assert_eq!(c.max_tokens(10, 100).unwrap_err().param.as_deref(), Some("max_tokens"));
+        assert_eq!(c.max_tokens(10, 100, false).unwrap_err().param.as_deref(), Some("max_tokens"));
         let c = Common { max_tokens: Some(5), max_completion_tokens: Some(7), ..Default::default() };
-        assert_eq!(c.max_tokens(10, 100).unwrap(), 7);
+        assert_eq!(c.max_tokens(10, 100, false).unwrap(), 7);
     }
 
     #[test]
     fn chat_logprob_rules() {
-        assert_eq!(chat_logprobs(Some(true), Some(3)).unwrap(), Some(3));
-        assert_eq!(chat_logprobs(None, None).unwrap(), None);
-        assert!(chat_logprobs(None, Some(2)).is_err());
-        assert!(chat_logprobs(Some(true), Some(21)).is_err());
-        assert!(completion_logprobs(Some(-1)).is_err());
+        assert_eq!(chat_logprobs(Some(true), Some(3), 20).unwrap(), Some(3));
+        assert_eq!(chat_logprobs(None, None, 20).unwrap(), None);
+        assert!(chat_logprobs(None, Some(2), 20).is_err());
+        assert!(chat_logprobs(Some(true), Some(21), 20).is_err());
+        assert_eq!(chat_logprobs(Some(true), Some(21), 50).unwrap(), Some(21));
+        assert!(completion_logprobs(Some(-1), 20).is_err());
+        let c = Common { max_tokens: Some(0), ..Default::default() };
+        assert_eq!(c.max_tokens(10, 100, true).unwrap(), 0);
+        let c = Common { prompt_logprobs: Some(2), stream: Some(true), ..Default::default() };
+        assert_eq!(prompt_logprobs(&c, 20).unwrap_err().param.as_deref(), Some("prompt_logprobs"));
     }
 }

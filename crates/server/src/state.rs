@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Connections open at once; more get a 503 and are closed.
     pub max_connections: usize,
+    /// Most top logprobs a request may ask for per token (`--max-logprobs`, vLLM's default 20).
+    pub max_logprobs: usize,
     /// Split a reasoning model's chain of thought from its answer (`--reasoning-parser`).
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }

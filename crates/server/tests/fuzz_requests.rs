@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use flint_server::chat::normalize_messages;
 use flint_server::error::ApiError;
 use flint_server::limits::check_tools;
-use flint_server::protocol::{chat_logprobs, completion_logprobs, parse_body, parse_request};
+use flint_server::protocol::{chat_logprobs, completion_logprobs, parse_body, parse_request, prompt_logprobs};
 use flint_server::protocol::{ChatRequest, CompletionRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -81,8 +81,10 @@ fn mutate(rng: &mut StdRng, body: &[u8]) -> Vec<u8> {
 fn chat(body: &[u8]) -> Result<(), ApiError> {
     let req: ChatRequest = parse_request(body)?;
     let p = req.common.to_params(151_643)?;
-    req.common.max_tokens(10, 4096)?;
-    chat_logprobs(req.logprobs, req.top_logprobs)?;
+    req.common.max_tokens(10, 4096, false)?;
+    chat_logprobs(req.logprobs, req.top_logprobs, 20)?;
+    prompt_logprobs(&req.common, 20)?;
+    flint_server::structured::requested(&req.common)?;
     check_tools(req.tools.as_deref().unwrap_or_default())?;
     normalize_messages(&req.messages)?;
     assert!(p.n >= 1 && p.stop.len() <= flint_server::limits::MAX_STOP_STRINGS);
@@ -93,8 +95,10 @@ fn chat(body: &[u8]) -> Result<(), ApiError> {
 fn completion(body: &[u8]) -> Result<(), ApiError> {
     let req: CompletionRequest = parse_request(body)?;
     req.common.to_params(151_643)?;
-    req.common.max_tokens(10, 4096)?;
-    completion_logprobs(req.logprobs)?;
+    req.common.max_tokens(10, 4096, req.echo.unwrap_or(false))?;
+    completion_logprobs(req.logprobs, 20)?;
+    prompt_logprobs(&req.common, 20)?;
+    flint_server::structured::requested(&req.common)?;
     Ok(())
 }
 
