@@ -5,8 +5,9 @@ Starts the real binary four times (the built-in demo model; a scripted model tha
 tool call; a scripted reasoning model behind --reasoning-parser; the demo behind an API key with a
 one-slot queue) and drives each with the SDK the way applications do: chat and completions,
 streaming with include_usage, n=2, stop strings, logprobs, echo, tool calls, structured outputs
-(`chat.completions.parse` with a Pydantic model, forced tool calls), reasoning fields, and the
-error statuses as the SDK raises them. Exits non-zero on the first
+(`chat.completions.parse` with a Pydantic model, forced tool calls), reasoning fields, the
+Responses API (`responses.create` streaming and not, `responses.parse`, a function-call round
+trip, reasoning items), and the error statuses as the SDK raises them. Exits non-zero on the first
 failure. Run by .ci/run:  python scripts/openai_conformance.py --flint target/debug/flint
 """
 
@@ -249,6 +250,50 @@ def structured_checks(srv):
         check(e.status_code == 400 and e.body.get("param") == "response_format", "bad schema: 400 naming response_format")
 
 
+def responses_checks(srv):
+    """The Responses API on the demo model: shapes, streaming events, text.format, refusals."""
+    c = srv.client()
+    r = c.responses.create(model="demo", input="Say hi", max_output_tokens=5, store=False)
+    check(r.object == "response" and r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+          and r.usage.output_tokens == 5 and r.output[0].type == "message" and isinstance(r.output_text, str),
+          "responses.create: an incomplete response at max_output_tokens")
+    events = list(c.responses.create(model="demo", input=[{"role": "user", "content": "Hi"}], instructions="Be brief.",
+                                     max_output_tokens=6, stream=True))
+    types = [e.type for e in events]
+    check(types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.incomplete"
+          and "response.output_text.delta" in types and "response.output_item.done" in types,
+          "streamed responses: typed events from created to incomplete")
+    check([e.sequence_number for e in events] == list(range(len(events))), "streamed events are numbered in order")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    check(text == events[-1].response.output_text, "streamed text deltas join to the final output_text")
+    r = c.responses.parse(model="demo", input="Describe a person.", text_format=Person, max_output_tokens=200)
+    check(isinstance(r.output_parsed, Person), "responses.parse with text_format returns the Pydantic object")
+    try:
+        c.responses.create(model="demo", input="Hi", previous_response_id="resp_123")
+        check(False, "previous_response_id must be refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body.get("param") == "previous_response_id",
+              "previous_response_id: 400 (flint is stateless)")
+
+
+def responses_tool_checks(srv):
+    """A function-call round trip through the Responses API (scripted tool-calling model)."""
+    c = srv.client()
+    tools = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
+    r = c.responses.create(model="scripted", input="Weather in Paris?", tools=tools)
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"},
+          "responses: a function_call output item")
+    follow = [{"role": "user", "content": "Weather in Paris?"}, calls[0].model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C and sunny"}]
+    r2 = c.responses.create(model="scripted", input=follow, tools=tools, max_output_tokens=3)
+    check(r2.usage.input_tokens > r.usage.input_tokens + 5, "function_call_output goes back into the prompt")
+    events = list(c.responses.create(model="scripted", input="Weather in Paris?", tools=tools, stream=True))
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    check(len(done) == 1 and json.loads(done[0].arguments) == {"city": "Paris"}
+          and events[-1].type == "response.completed", "streamed function_call arguments")
+
+
 def reasoning_checks(srv):
     c = srv.client()
     msgs = [{"role": "user", "content": "Capital of France?"}]
@@ -268,6 +313,10 @@ def reasoning_checks(srv):
 
     r = c.chat.completions.parse(model="r1", messages=msgs, response_format=City)
     check(r.choices[0].message.parsed == City(city="Paris"), "parse after the reasoning")
+    r = c.responses.create(model="r1", input="Capital of France?")
+    check([o.type for o in r.output] == ["reasoning", "message"] and r.output[0].content[0].text == "The user wants a city."
+          and r.output_text == '{"city": "Paris"}' and r.usage.output_tokens_details.reasoning_tokens > 0,
+          "responses: a reasoning item before the message")
 
 
 def limit_checks(srv):
@@ -301,9 +350,11 @@ def main():
         subprocess.run([args.flint, "synth", "--shape", "scripted", "--script", REASONING_SCRIPT, "--out", r1],
                        check=True, capture_output=True)
         for srv_args, checks in [
-            (["--served-model-name", "demo"], lambda srv: (demo_checks(srv), structured_checks(srv))),
+            (["--served-model-name", "demo"],
+             lambda srv: (demo_checks(srv), structured_checks(srv), responses_checks(srv))),
             (["--model", r1, "--served-model-name", "r1", "--reasoning-parser", "deepseek_r1"], reasoning_checks),
-            (["--model", scripted, "--served-model-name", "scripted"], tool_checks),
+            (["--model", scripted, "--served-model-name", "scripted"],
+             lambda srv: (tool_checks(srv), responses_tool_checks(srv))),
             (["--served-model-name", "demo", "--api-key", "sekret", "--max-num-seqs", "1",
               "--max-queued-requests", "0"], limit_checks),
         ]:

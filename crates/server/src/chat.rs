@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template (tools passed
 //! in, `<tool_call>` output parsed back), answered as JSON or as a stream of chunks.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -16,10 +17,11 @@ use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, 
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
 use crate::reasoning::ReasoningSplit;
-use crate::state::{ServingModel, SharedState};
+use crate::state::{InFlight, ServingModel, SharedState};
 use crate::structured::Requested;
 use crate::tools::{extract, ToolStream};
 use flint_engine::structured::{Constraint, ToolSchema};
+use flint_engine::RequestParams;
 
 pub async fn chat_completions(State(state): State<SharedState>, body: Bytes) -> Response {
     respond(&state, run(&state, &body).await)
@@ -202,10 +204,19 @@ fn render_prompt(model: &ServingModel, req: &ChatRequest) -> ApiResult<Vec<u32>>
     encode_bounded(&model.tokenizer, &text, false, model.max_model_len).map_err(|e| e.into_api("messages"))
 }
 
-async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
-    let arrival = Instant::now();
-    let model = state.model()?;
-    let req: ChatRequest = parse_request(body)?;
+/// A chat request made ready for the engine: its prompt, parameters and admission.
+pub struct PreparedChat {
+    pub req: ChatRequest,
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+    /// Output is parsed for tool calls.
+    pub parse_tools: bool,
+    pub guard: InFlight,
+}
+
+/// Validate `req`, compile its constraint, admit it and render its prompt (the Responses API
+/// runs its requests through here too).
+pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRequest) -> ApiResult<PreparedChat> {
     check_model(state, req.common.model.as_deref())?;
     let tools = tool_mode(&req)?;
     let parse_tools = tools.parse;
@@ -221,6 +232,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         (a, b) => a.or(b),
     };
     let reasoning = state.cfg.reasoning_parser;
+    let model = model.clone();
     // Everything cheap is checked before the prompt is rendered and tokenized, and the request
     // holds its place in the admission count while that runs.
     let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
@@ -233,7 +245,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         let after = reasoning.and_then(|p| p.constraint_after(thinking));
         params.structured = Some(crate::structured::compile(&model, c, after).await?);
     }
-    let mut guard = state.admit(&model, params.n, "n")?;
+    let guard = state.admit(&model, params.n, "n")?;
     // Template rendering and tokenizing can take a while on big inputs: off the async workers.
     let m = model.clone();
     let (req, prompt) = tokio::task::spawn_blocking(move || {
@@ -244,6 +256,15 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     .map_err(|_| ApiError::internal("prompt rendering panicked"))?;
     let prompt = prompt?;
     params.max_tokens = req.common.max_tokens(prompt.len(), model.max_model_len, false)?;
+    Ok(PreparedChat { req, prompt, params, parse_tools, guard })
+}
+
+async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
+    let arrival = Instant::now();
+    let model = state.model()?;
+    let req: ChatRequest = parse_request(body)?;
+    let PreparedChat { req, prompt, params, parse_tools, mut guard } = prepare(state, &model, req).await?;
+    let reasoning = state.cfg.reasoning_parser;
     let id = new_id("chatcmpl");
     let n = params.n;
     let prompt_len = prompt.len();

@@ -167,6 +167,22 @@ pub trait Formatter: Send + 'static {
     fn reasoning_tokens(&self) -> Option<usize> {
         None
     }
+    /// Events after the last output, given the usage (the Responses API's `response.completed`).
+    fn epilogue(&mut self, _ctx: &StreamCtx, _usage: &Value) -> Vec<Value> {
+        Vec::new()
+    }
+    /// Whether the stream ends with `data: [DONE]` (chat and completions do).
+    fn done_marker(&self) -> bool {
+        true
+    }
+    /// The SSE `event:` name of a chunk (the Responses API names every event by its type).
+    fn event_name(&self, _chunk: &Value) -> Option<String> {
+        None
+    }
+    /// The event that tells a client its stream failed after it began.
+    fn error_event(&mut self, e: &ApiError) -> Value {
+        e.body()
+    }
 }
 
 /// Result of an endpoint's handler, as the response: errors counted once by their reason.
@@ -191,22 +207,47 @@ struct Driver {
     offsets: Vec<usize>,
     finished: usize,
     total: usize,
-    pending: VecDeque<String>,
+    pending: VecDeque<Event>,
     done: bool,
 }
 
+/// One SSE event carrying `v`, named as the formatter names it.
+fn event(fmt: &dyn Formatter, v: &Value) -> Event {
+    let e = match fmt.event_name(v) {
+        Some(name) => Event::default().event(name),
+        None => Event::default(),
+    };
+    e.data(v.to_string())
+}
+
 impl Driver {
+    fn push(&mut self, chunks: Vec<Value>) {
+        for v in chunks {
+            let e = event(self.fmt.as_ref(), &v);
+            self.pending.push_back(e);
+        }
+    }
+
+    fn end_marker(&mut self) {
+        if self.fmt.done_marker() {
+            self.pending.push_back(Event::default().data("[DONE]"));
+        }
+    }
+
     fn complete(&mut self) {
         let (completion, cached, reason) = self.fmt.summary();
+        let mut u = usage(self.ctx.prompt_tokens, completion, cached);
+        if let Some(r) = self.fmt.reasoning_tokens() {
+            u["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": r});
+        }
         if self.ctx.include_usage {
             let mut last = self.ctx.chunk(Vec::new());
-            last["usage"] = usage(self.ctx.prompt_tokens, completion, cached);
-            if let Some(r) = self.fmt.reasoning_tokens() {
-                last["usage"]["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": r});
-            }
-            self.pending.push_back(last.to_string());
+            last["usage"] = u.clone();
+            self.push(vec![last]);
         }
-        self.pending.push_back("[DONE]".into());
+        let tail = self.fmt.epilogue(&self.ctx, &u);
+        self.push(tail);
+        self.end_marker();
         self.done = true;
         self.guard.finish();
         self.ctx.state.metrics.finished(reason, self.timer.elapsed());
@@ -216,8 +257,9 @@ impl Driver {
     fn fail(&mut self, e: ApiError) {
         // After the headers went out, an error is the stream's last event before `[DONE]`, so a
         // client always sees how its stream ended.
-        self.pending.push_back(e.body().to_string());
-        self.pending.push_back("[DONE]".into());
+        let ev = self.fmt.error_event(&e);
+        self.push(vec![ev]);
+        self.end_marker();
         self.done = true;
         self.guard.finish();
         self.ctx.state.metrics.failed(e.failure_reason());
@@ -228,7 +270,7 @@ impl Driver {
 pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fmt: Box<dyn Formatter>) -> Response {
     let total = jobs.len() * ctx.n;
     let offsets = jobs.iter().map(|j| j.offset).collect();
-    let pending = fmt.prelude(&ctx).into_iter().map(|v| v.to_string()).collect();
+    let pending = fmt.prelude(&ctx).iter().map(|v| event(fmt.as_ref(), v)).collect();
     let deadline = Box::pin(ctx.state.deadline_passed());
     let driver = Driver {
         ctx,
@@ -246,7 +288,7 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
     let body = stream::unfold(driver, |mut d| async move {
         loop {
             if let Some(p) = d.pending.pop_front() {
-                return Some((Ok::<Event, Infallible>(Event::default().data(p)), d));
+                return Some((Ok::<Event, Infallible>(p), d));
             }
             if d.done {
                 return None;
@@ -264,7 +306,7 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
                     d.timer.on_output(&d.ctx.state.metrics, idx, &o);
                     let last = o.finished.is_some();
                     let chunks = d.fmt.on_output(&d.ctx, job, o);
-                    d.pending.extend(chunks.into_iter().map(|v| v.to_string()));
+                    d.push(chunks);
                     if last {
                         d.finished += 1;
                         if d.finished == d.total {

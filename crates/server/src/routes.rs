@@ -23,6 +23,7 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(crate::responses::responses))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_by_id))
         .route("/health", get(health))
