@@ -425,7 +425,7 @@ impl ResponsesStream {
     fn close(&mut self, out: &mut Vec<Value>) {
         let i = self.index();
         match std::mem::replace(&mut self.open, Open::None) {
-            Open::None => return,
+            Open::None => {}
             Open::Reasoning { id, text } => {
                 let e = self.ev(
                     "response.reasoning_text.done",
