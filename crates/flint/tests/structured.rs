@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{assert_error, flint, get, metric, post, start, stream};
+use common::{assert_error, get, metric, post, scripted, start, stream};
 use serde_json::{json, Value};
 
 fn person() -> Value {
@@ -159,11 +157,6 @@ async fn constrained_output_on_the_demo_model() {
 
     let (_, m) = get(&s, "/metrics").await;
     assert!(metric(&m, "flint:structured_output_mask_seconds_count") > 50.0, "{m}");
-}
-
-fn scripted(dir: &Path, script: &str) {
-    let o = flint().args(["synth", "--shape", "scripted", "--script", script, "--out"]).arg(dir).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use crate::generation::{collect, log_request, respond, sse, submit, Formatter, S
 use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, Timer};
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
-use crate::reasoning::ReasoningSplit;
+use crate::reasoning::{ReasoningSplit, Split};
 use crate::state::{InFlight, ServingModel, SharedState};
 use crate::structured::Requested;
 use crate::tools::{extract, ToolStream};
@@ -389,17 +389,10 @@ impl Formatter for ChatStream {
         let Some(st) = self.choices.get_mut(o.index) else { return Vec::new() };
         st.completion += o.token_ids.len();
         st.cached = o.cached_tokens;
-        let (mut thought, mut text) = (String::new(), o.text.clone());
-        if let Some(r) = st.reasoning.as_mut() {
-            r.count_tokens(&ctx.model.tokenizer, &o.token_ids);
-            let mut split = r.push(&o.text);
-            if o.finished.is_some() {
-                let rest = r.finish();
-                split.reasoning.push_str(&rest.reasoning);
-                split.content.push_str(&rest.content);
-            }
-            (thought, text) = (split.reasoning, split.content);
-        }
+        let Split { reasoning: thought, content: text } = match st.reasoning.as_mut() {
+            Some(r) => r.take(&ctx.model.tokenizer, &o.token_ids, &o.text, o.finished.is_some()),
+            None => Split { reasoning: String::new(), content: o.text.clone() },
+        };
         let (mut content, mut calls) = (text.clone(), Vec::new());
         if self.parse_tools {
             let d = st.tools.push(&text, &ctx.id, o.index);

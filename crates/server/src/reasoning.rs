@@ -179,6 +179,19 @@ impl ReasoningSplit {
         }
     }
 
+    /// One streamed output: count its tokens, split its text, and at the `last` one release
+    /// whatever was held.
+    pub fn take(&mut self, tok: &Tokenizer, ids: &[u32], text: &str, last: bool) -> Split {
+        self.count_tokens(tok, ids);
+        let mut split = self.push(text);
+        if last {
+            let rest = self.finish();
+            split.reasoning.push_str(&rest.reasoning);
+            split.content.push_str(&rest.content);
+        }
+        split
+    }
+
     /// The end of the output: release whatever was held.
     pub fn finish(&mut self) -> Split {
         let rest = std::mem::take(&mut self.held);

@@ -21,7 +21,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{new_id, now_unix, Timer};
 use crate::protocol::{parse_request, ChatRequest};
-use crate::reasoning::ReasoningSplit;
+use crate::reasoning::{ReasoningSplit, Split};
 use crate::state::SharedState;
 use crate::tools::{extract, ToolCall, ToolStream};
 
@@ -541,17 +541,10 @@ impl Formatter for ResponsesStream {
         self.completion += o.token_ids.len();
         self.cached = o.cached_tokens;
         let mut out = Vec::new();
-        let (mut thought, mut text) = (String::new(), o.text.clone());
-        if let Some(r) = self.reasoning.as_mut() {
-            r.count_tokens(&ctx.model.tokenizer, &o.token_ids);
-            let mut split = r.push(&o.text);
-            if o.finished.is_some() {
-                let rest = r.finish();
-                split.reasoning.push_str(&rest.reasoning);
-                split.content.push_str(&rest.content);
-            }
-            (thought, text) = (split.reasoning, split.content);
-        }
+        let Split { reasoning: thought, content: text } = match self.reasoning.as_mut() {
+            Some(r) => r.take(&ctx.model.tokenizer, &o.token_ids, &o.text, o.finished.is_some()),
+            None => Split { reasoning: String::new(), content: o.text.clone() },
+        };
         if !thought.is_empty() {
             self.reasoning_delta(&thought, &mut out);
         }

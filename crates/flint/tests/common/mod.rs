@@ -105,3 +105,9 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN)
 }
+
+/// Write a scripted checkpoint into `dir`: greedy, it answers every chat with `script`, then stops.
+pub fn scripted(dir: &std::path::Path, script: &str) {
+    let o = flint().args(["synth", "--shape", "scripted", "--script", script, "--out"]).arg(dir).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
