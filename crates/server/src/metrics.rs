@@ -240,7 +240,7 @@ impl Metrics {
 /// Grammar-mask time (structured outputs) as a Prometheus histogram (cumulative buckets).
 fn render_masks(out: &mut String, h: &MaskHistogram, labels: &str) {
     let name = "flint:structured_output_mask_seconds";
-    let _ = writeln!(out, "# HELP {name} Time to compute one grammar mask.\n# TYPE {name} histogram");
+    let _ = writeln!(out, "# HELP {name} Grammar time per constrained token: its mask, then taking the drawn token.\n# TYPE {name} histogram");
     let mut cum = 0;
     for (b, c) in MASK_BUCKETS.iter().zip(h.counts) {
         cum += c;
