@@ -118,7 +118,10 @@ async fn endpoints_streaming_and_errors_on_the_demo_model() {
         (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"messages": []}), "messages"),
         (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages"),
-        (json!({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
+        (
+            json!({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tool_choice",
+        ),
     ] {
         let (st, e) = post(&s, "/v1/chat/completions", chat(extra.clone())).await;
         assert_error(st, &e, 400, Some(param));
