@@ -624,14 +624,9 @@ mod tests {
     }
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(747_796_405).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2000) as f32 / 1000.0 - 1.0
-            })
+        crate::kernels::xorshift(seed.wrapping_mul(747_796_405).wrapping_add(1))
+            .take(n)
+            .map(|s| (s % 2000) as f32 / 1000.0 - 1.0)
             .collect()
     }
 

@@ -206,17 +206,23 @@ fn panel_ranges(panels: usize, group: usize, threads: usize) -> Vec<(usize, usiz
     ranges
 }
 
+/// Marsaglia's xorshift32 from `state` (not 0): the kernels' tests draw their data from it.
+#[cfg(test)]
+pub(crate) fn xorshift(mut state: u32) -> impl Iterator<Item = u32> {
+    std::iter::repeat_with(move || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state
+    })
+}
+
 /// `n` values in [-1, 1) from a xorshift stream: the matrix kernels' test data.
 #[cfg(test)]
 pub(crate) fn test_data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 20_000) as f32 / 10_000.0 - 1.0
-        })
+    xorshift(seed.wrapping_mul(2_654_435_761).wrapping_add(1))
+        .take(n)
+        .map(|s| (s % 20_000) as f32 / 10_000.0 - 1.0)
         .collect()
 }
 

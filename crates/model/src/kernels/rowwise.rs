@@ -163,14 +163,9 @@ mod tests {
     }
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(747_796_405).wrapping_add(3);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 20_000) as f32 / 1_000.0 - 10.0
-            })
+        crate::kernels::xorshift(seed.wrapping_mul(747_796_405).wrapping_add(3))
+            .take(n)
+            .map(|s| (s % 20_000) as f32 / 1_000.0 - 10.0)
             .collect()
     }
 

@@ -9,14 +9,9 @@ use crate::kernels::kv_quant::{
 };
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 20_000) as f32 / 5_000.0 - 2.0
-        })
+    crate::kernels::xorshift(seed.wrapping_mul(2_654_435_761).wrapping_add(7))
+        .take(n)
+        .map(|s| (s % 20_000) as f32 / 5_000.0 - 2.0)
         .collect()
 }
 
