@@ -75,8 +75,6 @@ struct Sample {
     drafter: Option<Drafter>,
     /// The sample's walk through its request's grammar (structured outputs).
     grammar: Option<GrammarState>,
-    /// The grammar's mask for the row being drawn, reused between rows.
-    mask: Vec<u32>,
 }
 
 /// What one sample's rows of a step produced: its new tokens (with logprobs) and how many draft
@@ -259,7 +257,6 @@ impl<R: ModelRunner> EngineCore<R> {
                     queue_reported: false,
                     drafter: self.speculative.as_ref().map(Drafter::new),
                     grammar,
-                    mask: Vec::new(),
                 },
             );
         }
@@ -718,17 +715,18 @@ fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], v
         let mut grammar_secs = None;
         if let Some(g) = s.grammar.as_mut().filter(|g| g.is_active()) {
             let t = Instant::now();
-            let r = g.mask(&s.stop_ids, &mut s.mask);
+            // The mask is written straight into the sampler's buffer.
+            let stop_ids = &s.stop_ids;
+            let r = s.sampler.set_allowed_with(|words| g.mask(stop_ids, words));
             grammar_secs = Some(t.elapsed().as_secs_f64());
             if let Err(e) = r {
                 d.grammar_error = Some(e);
                 return d;
             }
             // min_tokens holds the stop ids back unless the grammar allows nothing else.
-            if !banned.is_empty() && !allows_other_than(&s.mask, banned) {
+            if !banned.is_empty() && !allows_other_than(s.sampler.allowed().unwrap_or_default(), banned) {
                 banned = &[];
             }
-            s.sampler.set_allowed(Some(&s.mask));
         } else {
             s.sampler.set_allowed(None);
         }
@@ -762,11 +760,8 @@ fn draw_rows(s: &mut Sample, logits: &StepLogits, first: usize, draft: &[u32], v
 
 /// Whether bitset `mask` allows some id not in `ids`.
 fn allows_other_than(mask: &[u32], ids: &[u32]) -> bool {
-    let mut m = mask.to_vec();
-    for &id in ids {
-        if let Some(w) = m.get_mut(id as usize / 32) {
-            *w &= !(1 << (id % 32));
-        }
-    }
-    m.iter().any(|&w| w != 0)
+    mask.iter().enumerate().any(|(i, &w)| {
+        let listed = ids.iter().filter(|&&id| id as usize / 32 == i).fold(0u32, |m, &id| m | 1 << (id % 32));
+        w & !listed != 0
+    })
 }

@@ -180,6 +180,20 @@ impl Sampler {
         }
     }
 
+    /// [`set_allowed`](Self::set_allowed) with the bitset written in place by `fill` (a
+    /// grammar's mask, without a second copy); an error leaves every id allowed.
+    pub fn set_allowed_with<E>(&mut self, fill: impl FnOnce(&mut Vec<u32>) -> Result<(), E>) -> Result<(), E> {
+        let mut words = self.allowed.take().unwrap_or_default();
+        fill(&mut words)?;
+        self.allowed = Some(words);
+        Ok(())
+    }
+
+    /// The allowed-id bitset of the next draws, if restricted.
+    pub fn allowed(&self) -> Option<&[u32]> {
+        self.allowed.as_deref()
+    }
+
     /// Pick a token from `logits` (one row, the model's full padded width). `banned` ids cannot be
     /// chosen (stop ids before `min_tokens`).
     pub fn sample(&mut self, logits: &[f32], banned: &[u32]) -> u32 {

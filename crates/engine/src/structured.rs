@@ -6,6 +6,7 @@
 
 mod compiler;
 mod histogram;
+mod marker;
 mod state;
 mod tok_env;
 
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 
 pub use compiler::{CompiledGrammar, GrammarCompiler, GrammarError};
 pub use histogram::{MaskHistogram, MASK_BUCKETS};
+pub use marker::MarkerWatch;
 pub use state::GrammarState;
 
 /// A request's compiled constraint, and where in the output it starts.

@@ -13,7 +13,9 @@ use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
-use crate::output::{chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, Timer};
+use crate::output::{
+    chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, with_reasoning, Timer,
+};
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
 use crate::reasoning::{ReasoningSplit, Split};
@@ -344,14 +346,6 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         body["prompt_logprobs"] = vllm_prompt_logprobs(&model.tokenizer, &prompt, plps, k);
     }
     Ok(Json(body).into_response())
-}
-
-/// Usage with `completion_tokens_details.reasoning_tokens` when a reasoning parser runs.
-fn with_reasoning(mut usage: Value, reasoning_tokens: Option<usize>) -> Value {
-    if let Some(r) = reasoning_tokens {
-        usage["completion_tokens_details"] = json!({"reasoning_tokens": r});
-    }
-    usage
 }
 
 #[derive(Debug, Default, Clone)]

@@ -18,7 +18,7 @@ use flint_engine::{EngineEvent, EventStream, Finished, Request, RequestParams};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use crate::error::{ApiError, ApiResult};
-use crate::output::{usage, Timer};
+use crate::output::{usage, with_reasoning, Timer};
 use crate::state::{InFlight, ServingModel, SharedState};
 
 /// One prompt's engine request; its samples are choices `offset .. offset + n`.
@@ -236,10 +236,7 @@ impl Driver {
 
     fn complete(&mut self) {
         let (completion, cached, reason) = self.fmt.summary();
-        let mut u = usage(self.ctx.prompt_tokens, completion, cached);
-        if let Some(r) = self.fmt.reasoning_tokens() {
-            u["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": r});
-        }
+        let u = with_reasoning(usage(self.ctx.prompt_tokens, completion, cached), self.fmt.reasoning_tokens());
         if self.ctx.include_usage {
             let mut last = self.ctx.chunk(Vec::new());
             last["usage"] = u.clone();

@@ -81,6 +81,14 @@ pub fn vllm_prompt_logprobs(
     Value::Array(list)
 }
 
+/// `usage` with `completion_tokens_details.reasoning_tokens` when a reasoning parser runs.
+pub fn with_reasoning(mut usage: Value, reasoning_tokens: Option<usize>) -> Value {
+    if let Some(r) = reasoning_tokens {
+        usage["completion_tokens_details"] = json!({"reasoning_tokens": r});
+    }
+    usage
+}
+
 /// A token's text as logprob entries show it (a partial UTF-8 character shows as U+FFFD).
 pub fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false).unwrap_or_default()

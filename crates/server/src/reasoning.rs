@@ -11,6 +11,7 @@
 
 use std::str::FromStr;
 
+use flint_engine::structured::MarkerWatch;
 use flint_engine::tokenizer::Tokenizer;
 
 pub const THINK_START: &str = "<think>";
@@ -68,8 +69,8 @@ pub struct ReasoningSplit {
     /// Output tokens up to and including the one that completes `</think>` (all of them while
     /// it has not come).
     tokens_to_end: usize,
-    /// The last bytes of the output, to spot `</think>` across tokens.
-    tail: Vec<u8>,
+    /// Spots `</think>` across tokens.
+    end: MarkerWatch,
     ended: bool,
     /// The output turned out to have no reasoning (qwen3 without `<think>`).
     no_reasoning: bool,
@@ -97,7 +98,7 @@ impl ReasoningSplit {
             phase: Phase::Start,
             held: String::new(),
             tokens_to_end: 0,
-            tail: Vec::new(),
+            end: MarkerWatch::new(THINK_END),
             ended: false,
             no_reasoning: false,
         }
@@ -110,14 +111,7 @@ impl ReasoningSplit {
                 return;
             }
             self.tokens_to_end += 1;
-            self.tail.extend(tok.token_bytes(id).unwrap_or_default());
-            if self.tail.windows(THINK_END.len()).any(|w| w == THINK_END.as_bytes()) {
-                self.ended = true;
-            }
-            let keep = THINK_END.len() - 1;
-            if self.tail.len() > keep {
-                self.tail.drain(..self.tail.len() - keep);
-            }
+            self.ended = self.end.push(&tok.token_bytes(id).unwrap_or_default());
         }
     }
 

@@ -7,41 +7,19 @@ use std::sync::Arc;
 use llguidance::toktrie::{TokEnv, TokTrie};
 use llguidance::Matcher;
 
-use super::CompiledGrammar;
+use super::{CompiledGrammar, MarkerWatch};
 
 pub struct GrammarState {
     matcher: Matcher,
     env: TokEnv,
-    /// Set while the grammar waits for the end of the reasoning.
-    gate: Option<ReasoningGate>,
+    /// Set while the grammar waits for the end of the reasoning. Bytes of the token that
+    /// completes it after the marker (rare: `</think>` is a token of its own in reasoning models'
+    /// vocabularies) are not checked against the grammar.
+    gate: Option<MarkerWatch>,
     /// Right after the reasoning: whitespace-only tokens (a template's blank line after
     /// `</think>`) may come before the grammar's first token, and are not part of its text.
     leading_whitespace: bool,
     whitespace: Arc<Vec<u32>>,
-}
-
-/// Watches the output's bytes for the text that ends the reasoning.
-struct ReasoningGate {
-    end: Vec<u8>,
-    /// The output's last bytes, as many as could still be the start of `end`.
-    tail: Vec<u8>,
-}
-
-impl ReasoningGate {
-    /// Add a token's bytes; true once `end` has appeared. Bytes of the same token after `end`
-    /// (rare: `</think>` is a token of its own in reasoning models' vocabularies) are not
-    /// checked against the grammar.
-    fn push(&mut self, bytes: &[u8]) -> bool {
-        self.tail.extend_from_slice(bytes);
-        if self.tail.windows(self.end.len()).any(|w| w == self.end.as_slice()) {
-            return true;
-        }
-        let keep = self.end.len().saturating_sub(1);
-        if self.tail.len() > keep {
-            self.tail.drain(..self.tail.len() - keep);
-        }
-        false
-    }
 }
 
 impl GrammarState {
@@ -49,8 +27,7 @@ impl GrammarState {
     pub fn new(grammar: &CompiledGrammar, after: Option<&str>) -> Result<Self, String> {
         let matcher = grammar.start();
         let env = matcher.tok_env().map_err(|e| e.to_string())?;
-        let gate =
-            after.filter(|a| !a.is_empty()).map(|a| ReasoningGate { end: a.as_bytes().to_vec(), tail: Vec::new() });
+        let gate = after.filter(|a| !a.is_empty()).map(MarkerWatch::new);
         Ok(Self { matcher, env, gate, leading_whitespace: false, whitespace: grammar.whitespace.clone() })
     }
 
@@ -127,7 +104,7 @@ impl GrammarState {
         Self {
             matcher: self.matcher.deep_clone(),
             env: self.env.clone(),
-            gate: self.gate.as_ref().map(|g| ReasoningGate { end: g.end.clone(), tail: g.tail.clone() }),
+            gate: self.gate.clone(),
             leading_whitespace: self.leading_whitespace,
             whitespace: self.whitespace.clone(),
         }
