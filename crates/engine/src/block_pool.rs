@@ -7,7 +7,8 @@
 //! revived by a cache hit until allocation reuses it, at which point its entry is evicted — so
 //! cached blocks are evicted least-recently-used. Invariant: `free + held == total`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 /// A full block's identity for prefix caching: hash of (parent block hash, token ids, salt).
 pub type BlockHash = u64;
@@ -18,6 +19,38 @@ pub struct BlockKey {
     pub parent: Option<BlockHash>,
     pub tokens: Vec<u32>,
     pub salt: Option<BlockHash>,
+}
+
+/// The hashes of the blocks the prefix cache holds, published for readers on other threads
+/// (the router prices a prompt on each worker by its cached prefix). Reading it never touches
+/// the pool's LRU order.
+#[derive(Debug, Default)]
+pub struct PrefixIndex(RwLock<HashSet<BlockHash>>);
+
+impl PrefixIndex {
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.0.read().map(|s| s.contains(&hash)).unwrap_or(false)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.read().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn insert(&self, hash: BlockHash) {
+        if let Ok(mut s) = self.0.write() {
+            s.insert(hash);
+        }
+    }
+
+    fn remove(&self, hash: BlockHash) {
+        if let Ok(mut s) = self.0.write() {
+            s.remove(&hash);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -37,6 +70,8 @@ pub struct BlockPool {
     cache: HashMap<BlockHash, u32>,
     /// Blocks whose last reference went since [`take_freed`](Self::take_freed) last ran.
     freed: Vec<u32>,
+    /// `cache`'s keys, for other threads.
+    index: Arc<PrefixIndex>,
     pub stats: PoolStats,
 }
 
@@ -54,6 +89,7 @@ impl BlockPool {
             next_stamp: 0,
             cache: HashMap::new(),
             freed: Vec::new(),
+            index: Arc::default(),
             stats: PoolStats::default(),
         };
         for b in 0..num_blocks as u32 {
@@ -101,6 +137,7 @@ impl BlockPool {
         meta.ref_count = 1;
         if let Some((hash, _)) = meta.cached.take() {
             self.cache.remove(&hash);
+            self.index.remove(hash);
             self.stats.evictions += 1;
         }
         Some(b)
@@ -150,6 +187,7 @@ impl BlockPool {
             return;
         }
         self.cache.insert(hash, b);
+        self.index.insert(hash);
         self.blocks[b as usize].cached = Some((hash, key));
     }
 
@@ -157,7 +195,13 @@ impl BlockPool {
     pub fn unregister(&mut self, b: u32) {
         if let Some((hash, _)) = self.blocks[b as usize].cached.take() {
             self.cache.remove(&hash);
+            self.index.remove(hash);
         }
+    }
+
+    /// The cached blocks' hashes as other threads see them.
+    pub fn prefix_index(&self) -> Arc<PrefixIndex> {
+        self.index.clone()
     }
 
     /// Check every structural invariant; `Err` describes the first violation.
@@ -181,6 +225,14 @@ impl BlockPool {
         let carried = self.blocks.iter().filter(|m| m.cached.is_some()).count();
         if carried != self.cache.len() {
             return Err(format!("{carried} blocks carry cache entries but the index has {}", self.cache.len()));
+        }
+        let published = self.index.0.read().map_err(|_| "the published prefix index is poisoned".to_string())?;
+        if published.len() != self.cache.len() || self.cache.keys().any(|h| !published.contains(h)) {
+            return Err(format!(
+                "the published prefix index has {} hashes, the cache {} (or other ones)",
+                published.len(),
+                self.cache.len()
+            ));
         }
         Ok(())
     }

@@ -9,8 +9,13 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use flint_model::kernels::pool::KernelPool;
+
+use crate::block_pool::PrefixIndex;
 use crate::engine_core::{validate, EngineCore, Handle, ModelInfo};
 use crate::request::{EngineEvent, Request};
+use crate::router::ledger::Progress;
+use crate::router::rates::StepRates;
 use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{SpecCounters, MAX_SPECULATIVE_TOKENS};
@@ -45,6 +50,10 @@ pub struct EngineStats {
     pub spec_positions: usize,
     /// Time spent computing grammar masks (structured outputs).
     pub grammar_masks: MaskHistogram,
+    /// Throughput by phase (tokens/s), seeded by the router's start-up profile and tracked from
+    /// step times; 0 until measured.
+    pub prefill_rate: f64,
+    pub decode_rate: f64,
 }
 
 impl EngineStats {
@@ -63,7 +72,23 @@ enum Command {
     Add(Handle, Box<Request>, tokio::sync::mpsc::UnboundedSender<EngineEvent>),
     Abort(String),
     AbortHandle(Handle),
+    /// Replace the tracked rates (the router's start-up profile measured them).
+    SeedRates {
+        prefill: f64,
+        decode: f64,
+    },
+    /// Test hook: make the step loop panic, as a bug would.
+    Fault,
     Shutdown,
+}
+
+/// How to run an engine's step loop thread.
+#[derive(Clone, Default)]
+pub struct EngineThread {
+    /// Names the thread (`flint-engine-NAME`).
+    pub name: Option<String>,
+    /// The kernel pool the loop's kernels run on; `None`: the process-wide pool.
+    pub kernels: Option<Arc<KernelPool>>,
 }
 
 /// Cheap to clone; every clone talks to the same engine thread.
@@ -81,6 +106,7 @@ struct Inner {
     alive: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_handle: AtomicU64,
+    prefix_index: Arc<PrefixIndex>,
 }
 
 /// The events of one request. Ends after every sample finished, or after an error.
@@ -91,11 +117,18 @@ pub struct EventStream {
     engine: Engine,
     done: bool,
     live: usize,
+    /// The router's record of this request, kept current as outputs arrive.
+    progress: Option<Arc<Progress>>,
 }
 
 impl EventStream {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Count this stream's outputs into `p` (the router's load of the worker serving it).
+    pub fn track_progress(&mut self, p: Arc<Progress>) {
+        self.progress = Some(p);
     }
 
     /// The next event; `None` once the request is over.
@@ -131,14 +164,29 @@ impl EventStream {
 
     fn track(&mut self, ev: Option<EngineEvent>) -> Option<EngineEvent> {
         match &ev {
-            None | Some(EngineEvent::Error(_)) => self.done = true,
-            Some(EngineEvent::Output(o)) if o.finished.is_some() => {
-                self.live = self.live.saturating_sub(1);
-                self.done = self.live == 0;
+            None | Some(EngineEvent::Error(_)) | Some(EngineEvent::Stopped(_)) => self.done = true,
+            Some(EngineEvent::Output(o)) => {
+                if let Some(p) = &self.progress {
+                    p.output(o.token_ids.len());
+                }
+                if o.finished.is_some() {
+                    self.live = self.live.saturating_sub(1);
+                    self.done = self.live == 0;
+                }
             }
-            _ => {}
+        }
+        if self.done {
+            if let Some(p) = &self.progress {
+                p.end();
+            }
         }
         if ev.is_none() {
+            // The loop marks itself dead before it drops the requests' channels, so a channel
+            // that closed while the engine still reads as alive was closed by the engine (an
+            // abort by id), not by a dying loop.
+            if !self.engine.is_healthy() {
+                return Some(EngineEvent::Stopped("the worker serving this request stopped before it finished".into()));
+            }
             return Some(EngineEvent::Error("the engine stopped before the request finished".into()));
         }
         ev
@@ -147,6 +195,9 @@ impl EventStream {
 
 impl Drop for EventStream {
     fn drop(&mut self) {
+        if let Some(p) = &self.progress {
+            p.end();
+        }
         if !self.done {
             let _ = self.engine.send(Command::AbortHandle(self.handle));
         }
@@ -156,7 +207,13 @@ impl Drop for EventStream {
 impl Engine {
     /// Start the step loop on its own thread.
     pub fn start<R: ModelRunner + 'static>(core: EngineCore<R>) -> Self {
+        Self::start_with(core, EngineThread::default())
+    }
+
+    /// [`start`](Self::start) on a thread set up as `thread` says (a worker of several).
+    pub fn start_with<R: ModelRunner + 'static>(core: EngineCore<R>, thread: EngineThread) -> Self {
         let (tx, rx) = mpsc::channel();
+        let prefix_index = core.scheduler().kv().pool().prefix_index();
         let sched = core.scheduler().config().clone();
         let info = core.info().clone();
         let grammars =
@@ -171,13 +228,18 @@ impl Engine {
         publish(&core, &stats);
         let alive = Arc::new(AtomicBool::new(true));
         let (s, a) = (stats.clone(), alive.clone());
-        let thread = std::thread::Builder::new().name("flint-engine".into()).spawn(move || {
-            // Whatever ends the loop, a panic included, the engine must read as unhealthy after.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_loop(core, rx, &s)));
-            a.store(false, Ordering::SeqCst);
-            if let Ok(mut st) = s.lock() {
-                st.healthy = false;
+        let name = thread.name.map_or_else(|| "flint-engine".to_string(), |n| format!("flint-engine-{n}"));
+        let kernels = thread.kernels;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            if let Some(k) = kernels {
+                flint_model::kernels::pool::install(k);
             }
+            // Whatever ends the loop, a panic included, the engine must read as unhealthy
+            // after: `MarkDead` says so as the loop unwinds, before its requests' channels close.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_loop(core, rx, &s, MarkDead { alive: a.clone(), stats: s.clone() })
+            }));
+            a.store(false, Ordering::SeqCst);
         });
         let thread = thread.ok();
         if thread.is_none() {
@@ -193,6 +255,7 @@ impl Engine {
                 alive,
                 thread: Mutex::new(thread),
                 next_handle: AtomicU64::new(0),
+                prefix_index,
             }),
         }
     }
@@ -219,6 +282,27 @@ impl Engine {
         self.inner.alive.load(Ordering::SeqCst)
     }
 
+    /// The hashes of the blocks its prefix cache holds (read by the router, on any thread).
+    pub fn prefix_index(&self) -> &Arc<PrefixIndex> {
+        &self.inner.prefix_index
+    }
+
+    /// Whether this engine would accept `req` (what [`submit`](Self::submit) checks first).
+    pub fn validate(&self, req: &Request) -> Result<(), EngineError> {
+        validate(req, &self.inner.info, &self.inner.sched)
+    }
+
+    /// Replace the tracked prefill and decode rates (tokens/s) with measured ones.
+    pub fn seed_rates(&self, prefill: f64, decode: f64) {
+        let _ = self.send(Command::SeedRates { prefill, decode });
+    }
+
+    /// Test hook: the step loop panics at its next command, as a bug in a step would, and the
+    /// engine dies (its requests end with [`EngineEvent::Stopped`]).
+    pub fn inject_fault(&self) {
+        let _ = self.send(Command::Fault);
+    }
+
     /// Validate and queue `req`. Invalid requests fail here, before any event.
     pub fn submit(&self, req: Request) -> Result<EventStream, EngineError> {
         validate(&req, &self.inner.info, &self.inner.sched)?;
@@ -229,7 +313,7 @@ impl Engine {
         let (id, live) = (req.id.clone(), req.params.n);
         let handle = self.inner.next_handle.fetch_add(1, Ordering::SeqCst);
         self.send(Command::Add(handle, Box::new(req), etx))?;
-        Ok(EventStream { id, handle, rx: erx, engine: self.clone(), done: false, live })
+        Ok(EventStream { id, handle, rx: erx, engine: self.clone(), done: false, live, progress: None })
     }
 
     /// Abort every live request with client id `id` (a no-op if none).
@@ -253,13 +337,37 @@ impl Engine {
     }
 }
 
-fn run_loop<R: ModelRunner>(mut core: EngineCore<R>, rx: mpsc::Receiver<Command>, stats: &Mutex<EngineStats>) {
+/// Marks the engine dead when dropped: as the step loop returns or unwinds, before the core (and
+/// with it every request's event channel) goes.
+struct MarkDead {
+    alive: Arc<AtomicBool>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl Drop for MarkDead {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::SeqCst);
+        if let Ok(mut st) = self.stats.lock() {
+            st.healthy = false;
+        }
+    }
+}
+
+fn run_loop<R: ModelRunner>(
+    mut core: EngineCore<R>,
+    rx: mpsc::Receiver<Command>,
+    stats: &Mutex<EngineStats>,
+    dead: MarkDead,
+) {
+    // Locals drop before parameters: `dead` (a parameter declared after `core`) drops first.
+    let _dead = dead;
+    let mut rates = StepRates::default();
     loop {
         // Idle: block until a command arrives. Busy: take what has arrived and step.
         if !core.has_work() {
             match rx.recv() {
                 Ok(cmd) => {
-                    if !apply(&mut core, cmd) {
+                    if !apply(&mut core, cmd, &mut rates) {
                         return;
                     }
                 }
@@ -267,12 +375,18 @@ fn run_loop<R: ModelRunner>(mut core: EngineCore<R>, rx: mpsc::Receiver<Command>
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            if !apply(&mut core, cmd) {
+            if !apply(&mut core, cmd, &mut rates) {
                 return;
             }
         }
+        let started = std::time::Instant::now();
         let plan = core.step();
+        let (prefill, decode) = phase_tokens(&plan);
+        rates.observe(prefill, decode, started.elapsed().as_secs_f64());
         publish(&core, stats);
+        if let Ok(mut st) = stats.lock() {
+            (st.prefill_rate, st.decode_rate) = (rates.prefill(), rates.decode());
+        }
         if plan.chunks.is_empty() && core.has_work() {
             // Work that cannot run yet (a sample waiting on its leader): do not spin.
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -280,8 +394,20 @@ fn run_loop<R: ModelRunner>(mut core: EngineCore<R>, rx: mpsc::Receiver<Command>
     }
 }
 
+/// A step's prompt tokens and decode rows: a chunk that samples from its only pending token (plus
+/// any draft it verifies) decodes; anything else computes prompt.
+fn phase_tokens(plan: &crate::scheduler::StepPlan) -> (usize, usize) {
+    plan.chunks.iter().fold((0, 0), |(p, d), c| {
+        if c.sample && !c.all_logits && c.tokens.len() == c.draft + 1 {
+            (p, d + c.tokens.len())
+        } else {
+            (p + c.tokens.len(), d)
+        }
+    })
+}
+
 /// Apply one command; `false` to stop the loop.
-fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command) -> bool {
+fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command, rates: &mut StepRates) -> bool {
     match cmd {
         Command::Add(handle, req, tx) => {
             let sink_tx = tx.clone();
@@ -298,6 +424,11 @@ fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command) -> bool {
             core.abort_handle(h);
             true
         }
+        Command::SeedRates { prefill, decode } => {
+            *rates = StepRates::seeded(prefill, decode);
+            true
+        }
+        Command::Fault => panic!("fault injected into the engine's step loop (test hook)"),
         Command::Shutdown => false,
     }
 }

@@ -24,6 +24,9 @@ pub enum EngineError {
     /// A checkpoint that opened but lacks something serving needs (e.g. a tokenizer).
     #[error("{0}")]
     Load(String),
+    /// Nothing can serve the request now (no worker is running); retrying later may work.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

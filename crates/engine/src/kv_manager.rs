@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::block_pool::{BlockHash, BlockKey, BlockPool};
+use crate::block_pool::{BlockHash, BlockKey, BlockPool, PrefixIndex};
 
 pub type SeqId = u64;
 
@@ -49,6 +49,27 @@ pub fn salt_hash(salt: &str) -> BlockHash {
 
 fn block_hash(key: &BlockKey) -> BlockHash {
     hash_of(&(key.parent, &key.tokens, key.salt))
+}
+
+/// Prompt tokens of `tokens` that a [`KvManager::lookup`] on the pool behind `index` would find
+/// cached now, computed on any thread from the published hashes alone (a hash match is not
+/// confirmed against content as `lookup` does: this is an estimate for routing, and a false hit
+/// needs a 64-bit collision).
+pub fn cached_prefix_tokens(index: &PrefixIndex, block_size: usize, tokens: &[u32], salt: Option<BlockHash>) -> usize {
+    if tokens.is_empty() || block_size == 0 || index.is_empty() {
+        return 0;
+    }
+    let mut parent = None;
+    let mut hit = 0;
+    for chunk in tokens[..tokens.len() - 1].chunks_exact(block_size) {
+        let h = block_hash(&BlockKey { parent, tokens: chunk.to_vec(), salt });
+        if !index.contains(h) {
+            break;
+        }
+        hit += block_size;
+        parent = Some(h);
+    }
+    hit
 }
 
 impl KvManager {
@@ -243,6 +264,32 @@ impl KvManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn published_index_agrees_with_lookup() {
+        let mut m = KvManager::new(4, 4, true);
+        let index = m.pool().prefix_index();
+        let prompt: Vec<u32> = (0..10).collect();
+        assert_eq!(cached_prefix_tokens(&index, 4, &prompt, None), 0);
+        m.start(1, PrefixHit::default(), None);
+        assert!(m.allocate(1, 10));
+        m.commit(1, &prompt, 10);
+        for len in 1..=prompt.len() {
+            let p = &prompt[..len];
+            assert_eq!(cached_prefix_tokens(&index, 4, p, None), m.lookup(p, None).blocks.len() * 4, "{len}");
+        }
+        assert_eq!(cached_prefix_tokens(&index, 4, &prompt, Some(salt_hash("x"))), 0);
+        let mut other = prompt.clone();
+        other[5] = 99;
+        assert_eq!(cached_prefix_tokens(&index, 4, &other, None), 4, "the chain stops at the first differing block");
+        // Freed blocks stay cached until reallocation evicts them; then the index forgets them.
+        m.free(1);
+        assert_eq!(cached_prefix_tokens(&index, 4, &prompt, None), 8);
+        m.start(2, PrefixHit::default(), None);
+        assert!(m.allocate(2, 16));
+        assert_eq!(cached_prefix_tokens(&index, 4, &prompt, None), 0);
+        m.pool().check().unwrap();
+    }
 
     #[test]
     fn shared_prefix_is_reused_while_first_owner_runs() {

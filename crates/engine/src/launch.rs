@@ -161,20 +161,28 @@ pub fn draft_kv_dtype(target: KvCacheDtype) -> KvCacheDtype {
 pub fn load_draft(lm: &LoadedModel, ec: &EngineConfig) -> Result<Option<LoadedModel>, EngineError> {
     let Some(path) = ec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) else { return Ok(None) };
     let draft = LoadedModel::load(Some(path), &candle_core::Device::Cpu, None)?;
-    let bad = |m: String| Err(EngineError::InvalidRequest(format!("--speculative-config: the draft model {path} {m}")));
-    let (t, d) = (lm.model.config().vocab_size, draft.model.config().vocab_size);
+    same_vocabulary(lm, &draft)
+        .map_err(|m| EngineError::InvalidRequest(format!("--speculative-config: the draft model {path} {m}")))?;
+    Ok(Some(draft))
+}
+
+/// `Ok` when `other` has `lm`'s vocabulary and tokenizer (a draft model, or another worker's
+/// weights); else what differs, as the end of a sentence about `other`.
+pub fn same_vocabulary(lm: &LoadedModel, other: &LoadedModel) -> Result<(), String> {
+    let (t, d) = (lm.model.config().vocab_size, other.model.config().vocab_size);
     if t != d {
-        return bad(format!("has {d} vocabulary rows and the target {t}: a draft must share the target's vocabulary"));
+        return Err(format!("has {d} vocabulary rows and the target {t}: it must share the target's vocabulary"));
     }
-    let (t, d) = (lm.valid_vocab(), draft.valid_vocab());
+    let (t, d) = (lm.valid_vocab(), other.valid_vocab());
     if t != d {
-        return bad(format!("has a tokenizer of {d} tokens and the target one of {t}: they must be the same"));
+        return Err(format!("has a tokenizer of {d} tokens and the target one of {t}: they must be the same"));
     }
     let probe = "Hello, world! 你好 — def f(x):\n    return x ** 2  # ünïcödé";
-    if lm.tokenizer.encode(probe, false)? != draft.tokenizer.encode(probe, false)? {
-        return bad("tokenizes text differently from the target: they must share a tokenizer".into());
+    let enc = |m: &LoadedModel| m.tokenizer.encode(probe, false).map_err(|e| e.to_string());
+    if enc(lm)? != enc(other)? {
+        return Err("tokenizes text differently from the target: they must share a tokenizer".into());
     }
-    Ok(Some(draft))
+    Ok(())
 }
 
 /// Size the pool and the limits for `lm` (and its draft model, if any) under `ec`.

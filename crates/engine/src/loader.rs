@@ -112,7 +112,7 @@ pub fn auto_dtype(ck: &Checkpoint) -> DType {
 }
 
 /// `MemAvailable` from /proc/meminfo, where there is one.
-pub(crate) fn available_memory() -> Option<usize> {
+pub fn available_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;

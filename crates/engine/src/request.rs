@@ -125,4 +125,7 @@ pub enum EngineEvent {
     Output(SampleOutput),
     /// The request failed; no further events follow.
     Error(String),
+    /// The engine (a worker) serving the request stopped: the request can be retried elsewhere.
+    /// No further events follow.
+    Stopped(String),
 }

@@ -195,7 +195,7 @@ fn run_level(
                     out_tokens += o.token_ids.len();
                     arrivals.push((now, o.token_ids.len()));
                 }
-                Ok(Some(EngineEvent::Error(e))) => bail!("request {} failed: {e}", s.id()),
+                Ok(Some(EngineEvent::Error(e) | EngineEvent::Stopped(e))) => bail!("request {} failed: {e}", s.id()),
                 Ok(None) => {}
                 Err(()) => open[i] = false,
             }

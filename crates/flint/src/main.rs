@@ -9,6 +9,7 @@ mod engine_args;
 mod inspect;
 mod plot;
 mod serve;
+mod workers;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device};
-use flint_engine::{build_core, load_draft, plan, Engine, LoadedModel};
+use flint_engine::{build_core, load_draft, plan, Engine, LoadedModel, RoutePolicy, Router};
 use flint_server::{ServerConfig, ServingModel};
 
 use crate::engine_args::{parse_bytes, EngineArgs};
+use crate::workers::{self, WorkerSpec};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -56,6 +57,19 @@ pub struct ServeArgs {
     /// apart from its answer: deepseek_r1 (R1-Distill-Qwen) or qwen3.
     #[arg(long, value_parser = ["deepseek_r1", "qwen3"])]
     reasoning_parser: Option<String>,
+    /// A device worker (repeatable): `device=cpu,threads=N` with optional `kv-cache-memory=`,
+    /// `max-num-seqs=`, `dtype=` and `model=` (other weights of the same model, e.g. another
+    /// quantization). Each worker is a whole engine; CPU workers get cores of their own. Absent:
+    /// one CPU worker with --threads.
+    #[arg(long = "worker", value_parser = clap::value_parser!(WorkerSpec))]
+    workers: Vec<WorkerSpec>,
+    /// How requests are spread over workers: cost (prices prefill and decode per worker, knows
+    /// each prefix cache), least-load or round-robin.
+    #[arg(long, default_value = "cost", value_parser = clap::value_parser!(RoutePolicy))]
+    router: RoutePolicy,
+    /// Test-only routes (POST /debug/workers/N/fault makes worker N's step loop panic).
+    #[arg(long, hide = true)]
+    enable_test_hooks: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -88,17 +102,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_connections: a.max_connections,
         max_logprobs: a.max_logprobs as usize,
         reasoning_parser: a.reasoning_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!(e))?,
+        test_hooks: a.enable_test_hooks,
     };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
-    let dtype = match a.dtype.as_str() {
-        "f32" => Some(DType::F32),
-        "bf16" => Some(DType::BF16),
-        "f16" => Some(DType::F16),
-        _ => None,
-    };
+    let dtype = workers::parse_dtype(&a.dtype);
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
+    if !a.workers.is_empty() {
+        let (specs, policy) = (a.workers.clone(), a.router);
+        let load =
+            move || load_workers(&specs, model.as_deref(), dtype, &engine_cfg, policy).map_err(|e| format!("{e:#}"));
+        return run_server(cfg, load);
+    }
     let load = move || -> Result<ServingModel, String> {
         let lm = LoadedModel::load(model.as_deref(), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
         let draft = load_draft(&lm, &engine_cfg).map_err(|e| e.to_string())?;
@@ -147,13 +163,69 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let max_model_len = pool.sched.max_model_len;
         let LoadedModel { tokenizer, chat_template, .. } = lm;
         Ok(ServingModel {
-            engine: Engine::start(core),
+            router: Router::single(Engine::start(core)),
             tokenizer,
             chat_template,
             max_model_len,
             cache: pool.cache_info(),
         })
     };
+    run_server(cfg, load)
+}
+
+/// Several workers behind the router: build them, profile their rates, log what each is.
+fn load_workers(
+    specs: &[WorkerSpec],
+    model: Option<&str>,
+    dtype: Option<DType>,
+    base: &flint_engine::EngineConfig,
+    policy: RoutePolicy,
+) -> Result<ServingModel> {
+    let (lm, built) = workers::build(specs, model, dtype, base)?;
+    let c = lm.model.config();
+    tracing::info!(
+        "model {} | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?}",
+        lm.source,
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.rope.theta,
+        c.rope.scaling
+    );
+    for w in &built {
+        tracing::info!("{}", w.describe);
+        if !w.pool.batch_invariant {
+            tracing::warn!("worker {}: this compute dtype is not batch-invariant", w.name);
+        }
+    }
+    let cache = built[0].pool.cache_info();
+    let router = Router::new(built.into_iter().map(|w| (w.name, w.engine)).collect(), policy)?;
+    if router.num_workers() > 1 {
+        // A short profile prices each worker's phases before the first request; the rates then
+        // follow real step times.
+        let prompt = 128.min(router.max_model_len().saturating_sub(32)).max(8);
+        for (name, r) in router.profile(prompt, 16) {
+            match r {
+                Ok(r) => tracing::info!(
+                    "worker {name}: profiled prefill {:.1} tok/s, decode {:.1} tok/s ({prompt}-token prompt, 16 tokens)",
+                    r.prefill,
+                    r.decode
+                ),
+                Err(e) => tracing::warn!("worker {name}: profile failed ({e}); its rates start unmeasured"),
+            }
+        }
+    }
+    tracing::info!("router: {} over {} worker(s)", router.policy(), router.num_workers());
+    let max_model_len = router.max_model_len();
+    let LoadedModel { tokenizer, chat_template, .. } = lm;
+    Ok(ServingModel { router, tokenizer, chat_template, max_model_len, cache })
+}
+
+fn run_server<F>(cfg: ServerConfig, load: F) -> Result<()>
+where
+    F: FnOnce() -> Result<ServingModel, String> + Send + 'static,
+{
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(flint_server::serve(cfg, load));
     // Do not wait for a model load still running (a signal during loading): exit now.

@@ -237,7 +237,7 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
     let model = model.clone();
     // Everything cheap is checked before the prompt is rendered and tokenized, and the request
     // holds its place in the admission count while that runs.
-    let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
+    let mut params = req.common.to_params(model.router.model_info().valid_vocab)?;
     params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs, state.cfg.max_logprobs)?;
     params.prompt_logprobs = prompt_logprobs(&req.common, state.cfg.max_logprobs)?;
     req.common.max_tokens(0, model.max_model_len, false)?;
@@ -289,7 +289,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
     }
     let choices = collect(state, &mut jobs, n, &mut timer, &mut guard).await?;
-    let eos = &model.engine.model_info().eos_token_ids;
+    let eos = &model.router.model_info().eos_token_ids;
     let mut out = Vec::with_capacity(n);
     let (mut completion, mut reason0, mut reasoning_tokens) = (0, "stop", 0);
     for (i, c) in choices.iter().enumerate() {
@@ -417,7 +417,7 @@ impl Formatter for ChatStream {
         let fin = o.finished.as_ref().map(|f| {
             let reason = finish_reason(f, st.tools.num_calls() > 0);
             st.reason = Some(reason);
-            (reason, stop_reason(f, &ctx.model.engine.model_info().eos_token_ids))
+            (reason, stop_reason(f, &ctx.model.router.model_info().eos_token_ids))
         });
         if !content.is_empty() || logprobs.is_some() || fin.is_some() {
             let delta = if content.is_empty() { json!({}) } else { json!({"content": content}) };

@@ -131,7 +131,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
-    let mut params = req.common.to_params(model.engine.model_info().valid_vocab)?;
+    let mut params = req.common.to_params(model.router.model_info().valid_vocab)?;
     let max_logprobs = state.cfg.max_logprobs;
     params.logprobs = completion_logprobs(req.logprobs, max_logprobs)?;
     let prompt_lps = prompt_logprobs(&req.common, max_logprobs)?;
@@ -182,7 +182,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         return Ok(sse(ctx, jobs, guard, timer, Box::new(fmt)));
     }
     let choices = collect(state, &mut jobs, n, &mut timer, &mut guard).await?;
-    let eos = &model.engine.model_info().eos_token_ids;
+    let eos = &model.router.model_info().eos_token_ids;
     let (mut out, mut completion) = (Vec::with_capacity(choices.len()), 0);
     for (i, c) in choices.iter().enumerate() {
         let prompt = &prompts[i / n];
@@ -288,7 +288,7 @@ impl Formatter for CompletionStream {
         let fin = o.finished.as_ref().map(|f| {
             let r = finish_reason(f, false);
             st.reason = Some(r);
-            (r, stop_reason(f, &ctx.model.engine.model_info().eos_token_ids))
+            (r, stop_reason(f, &ctx.model.router.model_info().eos_token_ids))
         });
         if text.is_empty() && fin.is_none() && o.logprobs.is_empty() {
             return Vec::new();

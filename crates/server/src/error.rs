@@ -140,6 +140,7 @@ impl ApiError {
                 Self::invalid("max_tokens", a.to_string())
             }
             EngineError::Admission(a) => Self::invalid(prompt_param, a.to_string()),
+            EngineError::Unavailable(m) => Self::unavailable(m),
             EngineError::Sampling(s) => {
                 let msg = s.to_string();
                 let param = msg.split_whitespace().next().unwrap_or("").to_string();

@@ -41,7 +41,7 @@ pub fn submit(
     let mut jobs = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
         let req = Request { id: format!("{request_id}-{i}"), prompt: prompt.clone(), params: params.clone() };
-        match model.engine.submit(req) {
+        match model.router.submit(req) {
             Ok(stream) => jobs.push(Job { prompt, offset: i * params.n, stream }),
             Err(e) => {
                 // Refused, not abandoned: jobs already queued are aborted as `jobs` drops.
@@ -106,6 +106,7 @@ async fn collect_inner(state: &SharedState, jobs: &mut [Job], n: usize, timer: &
                     }
                 }
                 EngineEvent::Error(e) => return Err(ApiError::internal(e)),
+                EngineEvent::Stopped(e) => return Err(ApiError::unavailable(e)),
             }
         }
     }
@@ -312,6 +313,7 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
                     }
                 }
                 Some((_, EngineEvent::Error(e))) => d.fail(ApiError::internal(e)),
+                Some((_, EngineEvent::Stopped(e))) => d.fail(ApiError::unavailable(e)),
                 None => d.fail(ApiError::internal("the engine stopped before the request finished")),
             }
         }

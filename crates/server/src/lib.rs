@@ -33,7 +33,7 @@ use transport::TransportConfig;
 /// client sees (a final SSE error event and `[DONE]`, or a 503). A model that fails to load ends
 /// the server with that error.
 /// vLLM's periodic speculative-decoding line, every 10 s while drafts are being verified.
-async fn log_spec_decoding(engine: flint_engine::Engine) {
+async fn log_spec_decoding(engine: flint_engine::Router) {
     let mut last = 0;
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(10)).await;
@@ -65,7 +65,7 @@ where
         let outcome = loading.await.unwrap_or_else(|_| Err("the model loader panicked".into()));
         match outcome {
             Ok(m) => {
-                let engine = m.engine.clone();
+                let engine = m.router.clone();
                 loader_state.set_model(m);
                 tracing::info!("ready: serving {} at http://{local}", loader_state.cfg.served_model_name);
                 tokio::spawn(log_spec_decoding(engine));
@@ -107,7 +107,7 @@ where
         }
     }
     if let Ok(m) = state.model_for_shutdown() {
-        m.engine.shutdown();
+        m.router.shutdown();
     }
     result
 }

@@ -5,7 +5,7 @@ use flint_engine::structured::{MaskHistogram, MASK_BUCKETS};
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use flint_engine::{CacheInfo, EngineStats};
+use flint_engine::{CacheInfo, EngineStats, WorkerStatus};
 
 /// vLLM's bucket boundaries (seconds).
 const TTFT_BUCKETS: &[f64] = &[
@@ -137,31 +137,64 @@ impl Metrics {
         self.with(|m| bump(&mut m.failure, reason));
     }
 
-    /// The exposition text; `cache` is `None` while the model loads.
-    pub fn render(&self, st: &EngineStats, cache: Option<&CacheInfo>) -> String {
-        let labels = format!("model_name=\"{}\"", self.model_name.replace('\\', "\\\\").replace('"', "\\\""));
+    /// The exposition text: `st` the whole server's totals (unlabeled series), `workers` each
+    /// worker's own (the same names with a `worker` label); `cache` is `None` while the model loads.
+    pub fn render(&self, st: &EngineStats, workers: &[WorkerStatus], cache: Option<&CacheInfo>) -> String {
+        let labels = format!("model_name=\"{}\"", escape(&self.model_name));
+        let worker_labels: Vec<(String, &WorkerStatus)> =
+            workers.iter().map(|w| (format!("{labels},worker=\"{}\"", escape(&w.name)), w)).collect();
         let mut out = String::new();
-        let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}");
+        // The total first: a scraper that keeps one series per name (an inference gateway's
+        // endpoint picker) sees the whole server.
+        let mut per_worker = |name: &str, help: &str, kind: &str, v: &dyn Fn(&EngineStats) -> f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {}", v(st));
+            for (l, w) in &worker_labels {
+                let _ = writeln!(out, "{name}{{{l}}} {}", v(&w.stats));
+            }
         };
-        gauge("vllm:num_requests_running", "Requests in the running batch.", "gauge", st.num_running as f64);
-        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "gauge", st.num_waiting as f64);
-        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "gauge", st.kv_cache_usage);
-        gauge(
+        per_worker("vllm:num_requests_running", "Requests in the running batch.", "gauge", &|s| s.num_running as f64);
+        per_worker("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "gauge", &|s| {
+            s.num_waiting as f64
+        });
+        per_worker("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "gauge", &|s| {
+            s.kv_cache_usage
+        });
+        per_worker(
             "vllm:prefix_cache_queries_total",
             "Prompt tokens looked up in the prefix cache.",
             "counter",
-            st.prefix_cache_queries as f64,
+            &|s| s.prefix_cache_queries as f64,
         );
-        gauge(
-            "vllm:prefix_cache_hits_total",
-            "Prompt tokens found in the prefix cache.",
-            "counter",
-            st.prefix_cache_hits as f64,
+        per_worker("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", "counter", &|s| {
+            s.prefix_cache_hits as f64
+        });
+        per_worker("vllm:num_preemptions_total", "Preemptions (recompute).", "counter", &|s| s.num_preemptions as f64);
+        per_worker("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", &|s| s.prompt_tokens as f64);
+        per_worker("vllm:generation_tokens_total", "Tokens generated.", "counter", &|s| s.generation_tokens as f64);
+        per_worker(
+            "flint:prefill_rate_tokens_per_second",
+            "Prefill throughput the router prices with.",
+            "gauge",
+            &|s| s.prefill_rate,
         );
-        gauge("vllm:num_preemptions_total", "Preemptions (recompute).", "counter", st.num_preemptions as f64);
-        gauge("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", st.prompt_tokens as f64);
-        gauge("vllm:generation_tokens_total", "Tokens generated.", "counter", st.generation_tokens as f64);
+        per_worker("flint:decode_rate_tokens_per_second", "Decode throughput the router prices with.", "gauge", &|s| {
+            s.decode_rate
+        });
+        let mut labeled = |name: &str, help: &str, kind: &str, v: &dyn Fn(&WorkerStatus) -> f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (l, w) in &worker_labels {
+                let _ = writeln!(out, "{name}{{{l}}} {}", v(w));
+            }
+        };
+        labeled("flint:router_decisions_total", "Requests the router sent to each worker.", "counter", &|w| {
+            w.decisions as f64
+        });
+        labeled("flint:worker_healthy", "1 while the worker's step loop runs.", "gauge", &|w| {
+            f64::from(u8::from(w.healthy))
+        });
+        let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}");
+        };
         if let Some(spec) = st.spec_counters() {
             gauge(
                 "vllm:spec_decode_num_drafts_total",
@@ -237,6 +270,11 @@ impl Metrics {
     }
 }
 
+/// A label value with Prometheus's escapes.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// Grammar-mask time (structured outputs) as a Prometheus histogram (cumulative buckets).
 fn render_masks(out: &mut String, h: &MaskHistogram, labels: &str) {
     let name = "flint:structured_output_mask_seconds";
@@ -272,7 +310,23 @@ mod tests {
         };
         let stats =
             EngineStats { num_running: 2, kv_cache_usage: 0.25, block_size: 128, num_blocks: 8, ..Default::default() };
-        let text = m.render(&stats, Some(&cache));
+        let workers = [
+            WorkerStatus {
+                name: "cpu0".into(),
+                healthy: true,
+                stats: EngineStats { num_running: 2, ..stats },
+                decisions: 5,
+            },
+            WorkerStatus { name: "cpu1".into(), healthy: false, stats: EngineStats::default(), decisions: 1 },
+        ];
+        let text = m.render(&stats, &workers, Some(&cache));
+        assert!(text.contains("vllm:num_requests_running{model_name=\"demo\",worker=\"cpu0\"} 2"), "{text}");
+        assert!(text.contains("vllm:num_requests_running{model_name=\"demo\",worker=\"cpu1\"} 0"), "{text}");
+        assert!(text.contains("flint:router_decisions_total{model_name=\"demo\",worker=\"cpu0\"} 5"), "{text}");
+        assert!(text.contains("flint:worker_healthy{model_name=\"demo\",worker=\"cpu1\"} 0"), "{text}");
+        let total = text.find("vllm:num_requests_running{model_name=\"demo\"} 2").unwrap();
+        let labeled = text.find("vllm:num_requests_running{model_name=\"demo\",worker=").unwrap();
+        assert!(total < labeled, "the unlabeled total comes first");
         assert!(text.contains("vllm:num_requests_running{model_name=\"demo\"} 2"), "{text}");
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"demo\"} 0.25"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.04\"} 1"));
@@ -283,6 +337,6 @@ mod tests {
         assert!(text.contains("block_size=\"128\",num_gpu_blocks=\"8\",cache_dtype=\"int8\""), "{text}");
         assert!(text.contains("capacity_tokens=\"1024\""));
         assert!(text.contains("flint:kv_cache_bytes_per_token{model_name=\"demo\"} 6264"));
-        assert!(m.render(&stats, None).contains("vllm:cache_config_info{model_name=\"demo\",block_size=\"128\""));
+        assert!(m.render(&stats, &[], None).contains("vllm:cache_config_info{model_name=\"demo\",block_size=\"128\""));
     }
 }

@@ -20,7 +20,12 @@ use crate::protocol::parse_body;
 use crate::state::SharedState;
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    let hooks = if state.cfg.test_hooks {
+        Router::new().route("/debug/workers/{index}/fault", post(fault_worker))
+    } else {
+        Router::new()
+    };
+    hooks
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(crate::responses::responses))
@@ -83,10 +88,29 @@ async fn method_not_allowed(uri: Uri) -> Response {
     e.into_response()
 }
 
+/// 200 while any worker serves (`"degraded"` when some have stopped), 503 otherwise.
 async fn health(State(state): State<SharedState>) -> Response {
     match state.model() {
-        Ok(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Ok(m) => {
+            let workers: Vec<Value> =
+                m.router.workers().iter().map(|w| json!({"name": w.name, "healthy": w.healthy})).collect();
+            let (live, total) = m.router.live_workers();
+            let status = if live == total { "ok" } else { "degraded" };
+            (StatusCode::OK, Json(json!({"status": status, "workers": workers}))).into_response()
+        }
         Err(e) => e.into_response(),
+    }
+}
+
+/// Test hook (`--enable-test-hooks` only): worker `i`'s step loop panics, as a bug would.
+async fn fault_worker(State(state): State<SharedState>, Path(i): Path<usize>) -> Response {
+    let m = match state.model_for_shutdown() {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    match m.router.inject_fault(i) {
+        Ok(()) => (StatusCode::ACCEPTED, Json(json!({"worker": i, "fault": "injected"}))).into_response(),
+        Err(e) => ApiError::invalid("worker", e.to_string()).into_response(),
     }
 }
 
@@ -129,8 +153,9 @@ async fn model_by_id(State(state): State<SharedState>, Path(id): Path<String>) -
 async fn metrics(State(state): State<SharedState>) -> Response {
     // Also during the shutdown grace, while requests still run.
     let model = state.model_for_shutdown().ok();
-    let stats = model.as_ref().map(|m| m.engine.stats()).unwrap_or_default();
-    let text = state.metrics.render(&stats, model.as_ref().map(|m| &m.cache));
+    let stats = model.as_ref().map(|m| m.router.stats()).unwrap_or_default();
+    let workers = model.as_ref().map(|m| m.router.workers()).unwrap_or_default();
+    let text = state.metrics.render(&stats, &workers, model.as_ref().map(|m| &m.cache));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -214,7 +239,7 @@ async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {
         let model = st.model()?;
         let req: DetokenizeRequest = parse_body(&body)?;
         check_model(&st, req.model.as_deref())?;
-        let vocab = model.engine.model_info().vocab_size;
+        let vocab = model.router.model_info().vocab_size;
         let ids = req
             .tokens
             .iter()

@@ -7,14 +7,15 @@ use std::time::{Duration, Instant};
 
 use flint_engine::chat_template::ChatTemplate;
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::{CacheInfo, Engine};
+use flint_engine::{CacheInfo, Router};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// The loaded model as the server sees it: an engine and how to talk to it. No tensors.
+/// The loaded model as the server sees it: its workers behind a router, and how to talk to them.
+/// No tensors.
 pub struct ServingModel {
-    pub engine: Engine,
+    pub router: Router,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
     pub max_model_len: usize,
@@ -44,6 +45,8 @@ pub struct ServerConfig {
     pub max_logprobs: usize,
     /// Split a reasoning model's chain of thought from its answer (`--reasoning-parser`).
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// Test-only routes (`POST /debug/workers/{i}/fault`): never on in production.
+    pub test_hooks: bool,
 }
 
 const LOADING: u8 = 0;
@@ -124,8 +127,8 @@ impl AppState {
             }
         }
         let m = self.model.get().cloned().ok_or_else(|| ApiError::unavailable("The model is still loading."))?;
-        if !m.engine.is_healthy() {
-            return Err(ApiError::unavailable("The engine has stopped."));
+        if !m.router.is_healthy() {
+            return Err(ApiError::unavailable("No worker is running: every engine has stopped."));
         }
         Ok(m)
     }
@@ -140,14 +143,15 @@ impl AppState {
     /// A request larger than that limit on its own could only ever run by locking everyone else
     /// out, so it is refused (400 naming `param`) whatever the server is doing.
     pub fn admit(self: &Arc<Self>, m: &ServingModel, seqs: usize, param: &str) -> Result<InFlight, ApiError> {
-        let running = m.engine.scheduler_config().max_num_seqs;
+        let running = m.router.max_num_seqs();
         let limit = running + self.cfg.max_queued_requests;
         if seqs > limit {
             return Err(ApiError::invalid(
                 param,
                 format!(
                     "This request asks for {seqs} sequences (prompts × n); the server holds at most {limit} \
-                     (--max-num-seqs {running} + --max-queued-requests {}). Split it into smaller requests.",
+                     (--max-num-seqs {running} over its live workers + --max-queued-requests {}). Split it \
+                     into smaller requests.",
                     self.cfg.max_queued_requests
                 ),
             ));

@@ -195,7 +195,7 @@ fn check_size(r: &Requested) -> ApiResult<()> {
 /// Compile `r` for `model` on a blocking thread, within [`COMPILE_TIMEOUT`]; `after` is where
 /// the constraint starts (the reasoning's end marker, with a reasoning parser).
 pub async fn compile(model: &ServingModel, r: Requested, after: Option<String>) -> ApiResult<StructuredOutput> {
-    let grammars = model.engine.grammars().clone();
+    let grammars = model.router.grammars().clone();
     let param = r.param;
     let job = tokio::task::spawn_blocking(move || grammars.compile(&r.constraint));
     let grammar = match tokio::time::timeout(COMPILE_TIMEOUT, job).await {

@@ -10,7 +10,13 @@
 //! A task that panics does not take a worker down or leave the caller waiting: the panic is
 //! caught, the other tasks finish, and `run` then panics on the caller's thread, where the
 //! engine's per-step recovery sees it like any other failure.
+//!
+//! One process-wide pool serves any thread by default. A server with several CPU workers gives
+//! each worker's engine thread its own [`KernelPool`] ([`install`]), pinned to cores no other
+//! worker uses: with one shared pool, a second engine stepping at the same time would find it
+//! busy and run every kernel on its own thread alone.
 
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,9 +35,20 @@ pub fn set_threads(n: usize) -> bool {
     THREADS.set(n.max(1)).is_ok()
 }
 
-/// The number of threads the kernels use: [`set_threads`], else `FLINT_THREADS`, else the
-/// physical cores this process may run on (see [`physical_cores`]).
+thread_local! {
+    /// The pool this thread's kernel calls use instead of the process-wide one (see [`install`]).
+    static LOCAL: RefCell<Option<Arc<KernelPool>>> = const { RefCell::new(None) };
+}
+
+/// The number of threads the kernels called from this thread use: its own pool's when one is
+/// [installed](install), else the process-wide [`global_threads`].
 pub fn threads() -> usize {
+    LOCAL.with(|l| l.borrow().as_ref().map(|p| p.0.threads)).unwrap_or_else(global_threads)
+}
+
+/// The process-wide pool's size: [`set_threads`], else `FLINT_THREADS`, else the physical cores
+/// this process may run on (see [`physical_cores`]).
+pub fn global_threads() -> usize {
     *THREADS.get_or_init(|| {
         std::env::var("FLINT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0).unwrap_or_else(
             || {
@@ -47,17 +64,83 @@ pub fn threads() -> usize {
 /// busy, so a second thread on a core's SMT sibling only contends for them (llama.cpp also
 /// defaults to physical cores).
 pub fn physical_cores() -> Option<usize> {
+    core_cpus().map(|c| c.len())
+}
+
+/// The CPUs this process may run on, grouped by physical core (SMT siblings together), cores in
+/// the order of their first CPU; `None` where Linux's topology cannot be read.
+pub fn core_cpus() -> Option<Vec<Vec<usize>>> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-    let mut cores = std::collections::HashSet::new();
+    let mut cores: Vec<(String, Vec<usize>)> = Vec::new();
     for cpu in parse_cpu_list(allowed.trim())? {
         let topology = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
         let siblings = std::fs::read_to_string(format!("{topology}/core_cpus_list"))
             .or_else(|_| std::fs::read_to_string(format!("{topology}/thread_siblings_list")))
             .ok()?;
-        cores.insert(siblings.trim().to_string());
+        let key = siblings.trim().to_string();
+        match cores.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, cpus)) => cpus.push(cpu),
+            None => cores.push((key, vec![cpu])),
+        }
     }
-    (!cores.is_empty()).then_some(cores.len())
+    (!cores.is_empty()).then(|| cores.into_iter().map(|(_, cpus)| cpus).collect())
+}
+
+/// Restrict the calling thread to `cpus` (Linux; elsewhere, or if the kernel refuses, `false`
+/// and the thread runs where the OS puts it: slower under contention, never wrong).
+pub fn pin_current_thread(cpus: &[usize]) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if cpus.is_empty() {
+            return false;
+        }
+        // SAFETY: `set` is a plain bitmask owned by this frame; CPU_SET bounds-checks indices
+        // against the mask size, and pid 0 names the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_ZERO(&mut set);
+            for &c in cpus {
+                if c < libc::CPU_SETSIZE as usize {
+                    libc::CPU_SET(c, &mut set);
+                }
+            }
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cpus;
+        false
+    }
+}
+
+/// A kernel thread pool of its own, for one worker's engine thread: `threads − 1` kernel threads
+/// plus the thread it is [installed](install) on, all pinned to `cpus` when given. Its kernel
+/// threads end when the last handle goes.
+pub struct KernelPool(Pool);
+
+impl KernelPool {
+    pub fn start(threads: usize, cpus: Option<Vec<usize>>) -> Arc<Self> {
+        Arc::new(Self(Pool::start(threads.max(1), cpus)))
+    }
+
+    pub fn threads(&self) -> usize {
+        self.0.threads
+    }
+
+    /// The CPUs its threads are pinned to (`None`: not pinned).
+    pub fn cpus(&self) -> Option<&[usize]> {
+        self.0.cpus.as_deref()
+    }
+}
+
+/// From now on, kernels called from this thread run on `pool` (and the thread is pinned to the
+/// pool's CPUs, if it has any). Returns whether pinning took.
+pub fn install(pool: Arc<KernelPool>) -> bool {
+    let pinned = pool.cpus().is_some_and(pin_current_thread);
+    LOCAL.with(|l| *l.borrow_mut() = Some(pool));
+    pinned
 }
 
 /// A Linux CPU list (`0-3,8,10-11`) as CPU numbers; `None` if malformed.
@@ -83,7 +166,11 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
     if n == 0 {
         return;
     }
-    let pool = POOL.get_or_init(|| Pool::start(threads()));
+    let local = LOCAL.with(|l| l.borrow().clone());
+    let pool = match &local {
+        Some(p) => &p.0,
+        None => POOL.get_or_init(|| Pool::start(global_threads(), None)),
+    };
     if n == 1 || pool.workers.is_empty() {
         (0..n).for_each(&f);
         return;
@@ -167,31 +254,52 @@ struct Shared {
     generation: AtomicUsize,
     /// Workers holding a job pointer.
     refs: AtomicUsize,
+    /// The pool is gone: its workers exit.
+    stop: AtomicBool,
 }
 
 struct Pool {
     shared: Arc<Shared>,
     workers: Vec<Thread>,
     busy: Mutex<()>,
+    threads: usize,
+    cpus: Option<Vec<usize>>,
 }
 
 impl Pool {
-    fn start(threads: usize) -> Self {
+    fn start(threads: usize, cpus: Option<Vec<usize>>) -> Self {
         let shared = Arc::new(Shared {
             slot: Mutex::new(Slot { job: None, generation: 0 }),
             generation: AtomicUsize::new(0),
             refs: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
         });
         let mut workers = Vec::new();
         for i in 1..threads {
-            let s = shared.clone();
-            match thread::Builder::new().name(format!("flint-kernel-{i}")).spawn(move || worker(&s)) {
+            let (s, pin) = (shared.clone(), cpus.clone());
+            let spawned = thread::Builder::new().name(format!("flint-kernel-{i}")).spawn(move || {
+                if let Some(c) = pin {
+                    pin_current_thread(&c);
+                }
+                worker(&s)
+            });
+            match spawned {
                 Ok(h) => workers.push(h.thread().clone()),
                 // Fewer threads is slower, not wrong.
                 Err(_) => break,
             }
         }
-        Pool { shared, workers, busy: Mutex::new(()) }
+        let threads = workers.len() + 1;
+        Pool { shared, workers, busy: Mutex::new(()), threads, cpus }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for w in &self.workers {
+            w.unpark();
+        }
     }
 }
 
@@ -201,6 +309,9 @@ fn worker(s: &Shared) {
         let start = Instant::now();
         let mut spins = 0u32;
         while s.generation.load(Ordering::Acquire) == seen {
+            if s.stop.load(Ordering::Acquire) {
+                return;
+            }
             std::hint::spin_loop();
             spins += 1;
             if spins.is_multiple_of(64) && start.elapsed() > SPIN {
@@ -269,6 +380,54 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 16, "the pool still runs jobs");
+    }
+
+    #[test]
+    fn each_installed_pool_runs_its_caller_on_its_own_threads() {
+        // Two "workers" stepping at once: with one shared pool the second would run alone.
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                thread::spawn(|| {
+                    install(KernelPool::start(2, None));
+                    assert_eq!(threads(), 2);
+                    let mut both = 0;
+                    for _ in 0..20 {
+                        let seen = Mutex::new(std::collections::HashSet::new());
+                        run(8, |_| {
+                            seen.lock().unwrap().insert(thread::current().id());
+                            thread::sleep(Duration::from_millis(2));
+                        });
+                        both += usize::from(seen.lock().unwrap().len() == 2);
+                    }
+                    both
+                })
+            })
+            .collect();
+        for c in callers {
+            // Sharing one pool, the two callers would take turns running alone most rounds.
+            let both = c.join().unwrap();
+            assert!(both >= 10, "both threads of its own pool took tasks in only {both} of 20 rounds");
+        }
+        assert_eq!(threads(), global_threads(), "a thread without a pool of its own uses the global one");
+    }
+
+    #[test]
+    fn pinning_to_an_allowed_cpu_takes() {
+        #[cfg(target_os = "linux")]
+        {
+            let cores = core_cpus().expect("Linux exposes its CPU topology");
+            let cpu = cores[0][0];
+            let pinned = thread::spawn(move || {
+                let ok = pin_current_thread(&[cpu]);
+                let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+                let list =
+                    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+                (ok, list)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(pinned, (true, cpu.to_string()));
+        }
     }
 
     #[test]
