@@ -15,7 +15,7 @@ use crate::block_pool::PrefixIndex;
 use crate::engine_core::{validate, EngineCore, Handle, ModelInfo};
 use crate::request::{EngineEvent, Request};
 use crate::router::ledger::Progress;
-use crate::router::rates::StepRates;
+use crate::router::rates::{DecodeCost, StepRates};
 use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{SpecCounters, MAX_SPECULATIVE_TOKENS};
@@ -50,10 +50,10 @@ pub struct EngineStats {
     pub spec_positions: usize,
     /// Time spent computing grammar masks (structured outputs).
     pub grammar_masks: MaskHistogram,
-    /// Throughput by phase (tokens/s), seeded by the router's start-up profile and tracked from
-    /// step times; 0 until measured.
+    /// Prompt tokens per second and decode step time by batch, tracked from step times (the
+    /// router prices work with them); zero until measured.
     pub prefill_rate: f64,
-    pub decode_rate: f64,
+    pub decode_cost: DecodeCost,
 }
 
 impl EngineStats {
@@ -72,11 +72,8 @@ enum Command {
     Add(Handle, Box<Request>, tokio::sync::mpsc::UnboundedSender<EngineEvent>),
     Abort(String),
     AbortHandle(Handle),
-    /// Replace the tracked rates (the router's start-up profile measured them).
-    SeedRates {
-        prefill: f64,
-        decode: f64,
-    },
+    /// Forget the tracked rates (after a warm-up whose first-touch costs would skew them).
+    ResetRates,
     /// Test hook: make the step loop panic, as a bug would.
     Fault,
     Shutdown,
@@ -292,9 +289,9 @@ impl Engine {
         validate(req, &self.inner.info, &self.inner.sched)
     }
 
-    /// Replace the tracked prefill and decode rates (tokens/s) with measured ones.
-    pub fn seed_rates(&self, prefill: f64, decode: f64) {
-        let _ = self.send(Command::SeedRates { prefill, decode });
+    /// Forget the prefill and decode rates tracked so far.
+    pub fn reset_rates(&self) {
+        let _ = self.send(Command::ResetRates);
     }
 
     /// Test hook: the step loop panics at its next command, as a bug in a step would, and the
@@ -367,7 +364,7 @@ fn run_loop<R: ModelRunner>(
         if !core.has_work() {
             match rx.recv() {
                 Ok(cmd) => {
-                    if !apply(&mut core, cmd, &mut rates) {
+                    if !apply(&mut core, cmd, &mut rates, stats) {
                         return;
                     }
                 }
@@ -375,7 +372,7 @@ fn run_loop<R: ModelRunner>(
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            if !apply(&mut core, cmd, &mut rates) {
+            if !apply(&mut core, cmd, &mut rates, stats) {
                 return;
             }
         }
@@ -385,7 +382,7 @@ fn run_loop<R: ModelRunner>(
         rates.observe(prefill, decode, started.elapsed().as_secs_f64());
         publish(&core, stats);
         if let Ok(mut st) = stats.lock() {
-            (st.prefill_rate, st.decode_rate) = (rates.prefill(), rates.decode());
+            (st.prefill_rate, st.decode_cost) = (rates.prefill(), rates.decode());
         }
         if plan.chunks.is_empty() && core.has_work() {
             // Work that cannot run yet (a sample waiting on its leader): do not spin.
@@ -407,7 +404,12 @@ fn phase_tokens(plan: &crate::scheduler::StepPlan) -> (usize, usize) {
 }
 
 /// Apply one command; `false` to stop the loop.
-fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command, rates: &mut StepRates) -> bool {
+fn apply<R: ModelRunner>(
+    core: &mut EngineCore<R>,
+    cmd: Command,
+    rates: &mut StepRates,
+    stats: &Mutex<EngineStats>,
+) -> bool {
     match cmd {
         Command::Add(handle, req, tx) => {
             let sink_tx = tx.clone();
@@ -424,8 +426,11 @@ fn apply<R: ModelRunner>(core: &mut EngineCore<R>, cmd: Command, rates: &mut Ste
             core.abort_handle(h);
             true
         }
-        Command::SeedRates { prefill, decode } => {
-            *rates = StepRates::seeded(prefill, decode);
+        Command::ResetRates => {
+            *rates = StepRates::default();
+            if let Ok(mut st) = stats.lock() {
+                (st.prefill_rate, st.decode_cost) = (0.0, DecodeCost::default());
+            }
             true
         }
         Command::Fault => panic!("fault injected into the engine's step loop (test hook)"),

@@ -15,7 +15,6 @@ pub mod rates;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::engine::{EngineStats, EventStream};
 use crate::kv_manager::{cached_prefix_tokens, salt_hash};
@@ -196,9 +195,11 @@ impl Router {
                 };
                 let (load, live_seqs) = w.ledger.load();
                 let st = w.engine.stats();
+                // Decode priced at the batch the worker would run with this request in it.
+                let batch = (live_seqs + incoming.seqs).min(sched.max_num_seqs);
                 Candidate {
                     eligible,
-                    rates: Rates { prefill: st.prefill_rate, decode: st.decode_rate },
+                    rates: Rates { prefill: st.prefill_rate, decode: st.decode_cost.rate_at(batch) },
                     load,
                     live_seqs,
                     cached_tokens: cached,
@@ -286,11 +287,12 @@ impl Router {
         }
     }
 
-    /// Measure every worker's prefill and decode rates with one request of `prompt_tokens`
-    /// tokens and `output_tokens` outputs each (after a small warm-up request that pays for
-    /// first-touch costs), all workers at once, and seed their trackers with the result.
-    /// Returns (worker, rates) per worker, or why a worker's profile failed.
-    pub fn profile(&self, prompt_tokens: usize, output_tokens: usize) -> Vec<(String, Result<Rates, String>)> {
+    /// Measure every worker's rates before the first request, all workers at once: a small
+    /// warm-up request (first-touch costs; the rates are reset after it), then one request of
+    /// `prompt_tokens` tokens and `output_tokens` outputs (prefill, and decode at a batch of 1),
+    /// then up to 8 short requests at once (decode at a batch of 8). The trackers keep what
+    /// these steps measured. Returns each worker's measured rates, or why its profile failed.
+    pub fn profile(&self, prompt_tokens: usize, output_tokens: usize) -> Vec<(String, Result<Profiled, String>)> {
         let vocab = self.model_info().valid_vocab.max(2);
         std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -299,13 +301,7 @@ impl Router {
                 .iter()
                 .enumerate()
                 .map(|(i, w)| {
-                    s.spawn(move || {
-                        let r = profile_worker(&w.engine, i, vocab, prompt_tokens, output_tokens);
-                        if let Ok(r) = &r {
-                            w.engine.seed_rates(r.prefill, r.decode);
-                        }
-                        (w.name.clone(), r)
-                    })
+                    s.spawn(move || (w.name.clone(), profile_worker(&w.engine, i, vocab, prompt_tokens, output_tokens)))
                 })
                 .collect();
             handles
@@ -340,9 +336,15 @@ fn incoming(prompt: &[u32], p: &RequestParams) -> Incoming {
     Incoming { prompt_tokens: prompt.len(), decode_budget: p.max_tokens.saturating_mul(p.n), seqs: p.n.max(1) }
 }
 
-/// One worker's profile: prefill rate from the time to the first token, decode rate from the
-/// gaps after it.
-fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output: usize) -> Result<Rates, String> {
+/// What a worker's start-up profile measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Profiled {
+    pub prefill: f64,
+    pub decode: rates::DecodeCost,
+}
+
+/// One worker's profile (see [`Router::profile`]); the engine's own step timing measures it.
+fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output: usize) -> Result<Profiled, String> {
     let request = |tag: &str, len: usize, max_tokens: usize| Request {
         id: format!("flint-router-profile-{tag}-{i}"),
         // A fixed spread of ids; its own cache salt keeps it out of every real prompt's hits.
@@ -354,28 +356,27 @@ fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output
             ..RequestParams::default()
         },
     };
-    let run = |req: Request| -> Result<(f64, f64, usize), String> {
-        let start = Instant::now();
-        let mut stream = engine.submit(req).map_err(|e| e.to_string())?;
-        let (mut first, mut last, mut tokens) = (None, start, 0);
-        while let Some(ev) = stream.next_blocking() {
-            match ev {
-                EngineEvent::Output(o) => {
-                    let now = Instant::now();
-                    first.get_or_insert(now);
-                    last = now;
-                    tokens += o.token_ids.len();
+    let run = |reqs: Vec<Request>| -> Result<(), String> {
+        let streams =
+            reqs.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+        for mut s in streams {
+            while let Some(ev) = s.next_blocking() {
+                if let EngineEvent::Error(e) | EngineEvent::Stopped(e) = ev {
+                    return Err(e);
                 }
-                EngineEvent::Error(e) | EngineEvent::Stopped(e) => return Err(e),
             }
         }
-        let first = first.ok_or("no output")?;
-        Ok(((first - start).as_secs_f64(), (last - first).as_secs_f64(), tokens))
+        Ok(())
     };
-    run(request("warm", prompt.min(16), 2))?;
-    let (ttft, decode_secs, tokens) = run(request("measure", prompt, output))?;
-    let decode = if tokens > 1 && decode_secs > 0.0 { (tokens - 1) as f64 / decode_secs } else { 0.0 };
-    Ok(Rates { prefill: prompt as f64 / ttft.max(1e-6), decode })
+    run(vec![request("warm", prompt.min(16), 2)])?;
+    engine.reset_rates();
+    run(vec![request("prefill", prompt, output)])?;
+    let batch = engine.scheduler_config().max_num_seqs.min(8);
+    run((0..batch).map(|k| request(&format!("batch{k}"), 8, output)).collect())?;
+    // Stats are published after each step; the last step's sample may land just after its
+    // events (one step of dozens).
+    let st = engine.stats();
+    Ok(Profiled { prefill: st.prefill_rate, decode: st.decode_cost })
 }
 
 /// Sum of per-worker stats (the server's totals).
@@ -406,7 +407,6 @@ pub fn total(all: &[EngineStats]) -> EngineStats {
         t.spec_positions = t.spec_positions.max(s.spec_positions);
         t.grammar_masks.merge(&s.grammar_masks);
         t.prefill_rate += s.prefill_rate;
-        t.decode_rate += s.decode_rate;
     }
     t.kv_cache_usage = if t.num_blocks > 0 { used_blocks / t.num_blocks as f64 } else { 0.0 };
     t

@@ -29,6 +29,14 @@ pub struct ServeBenchArgs {
     random_input_len: usize,
     #[arg(long, default_value_t = 128)]
     random_output_len: usize,
+    /// A random prefix of this many tokens shared by every prompt, before its own
+    /// --random-input-len tokens (vLLM's flag).
+    #[arg(long, default_value_t = 0)]
+    random_prefix_len: usize,
+    /// Untimed requests sent all at once before the benchmark (the shared prefix and a suffix
+    /// of their own, one output token each): they warm the server's prefix caches.
+    #[arg(long, default_value_t = 0)]
+    warmup_requests: usize,
     /// Most requests in flight at once; default: no limit.
     #[arg(long)]
     max_concurrency: Option<usize>,
@@ -171,16 +179,35 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         }
     };
     let mut rng = StdRng::seed_from_u64(a.seed);
-    let prompts: Vec<Vec<u32>> = (0..a.num_prompts)
-        .map(|_| (0..a.random_input_len).map(|_| rng.random_range(0..a.vocab_size)).collect())
-        .collect();
+    let prefix: Vec<u32> = (0..a.random_prefix_len).map(|_| rng.random_range(0..a.vocab_size)).collect();
+    let prompt = |rng: &mut StdRng| -> Vec<u32> {
+        let mut p = prefix.clone();
+        p.extend((0..a.random_input_len).map(|_| rng.random_range(0..a.vocab_size)));
+        p
+    };
+    let prompts: Vec<Vec<u32>> = (0..a.num_prompts).map(|_| prompt(&mut rng)).collect();
+    let warmups: Vec<Vec<u32>> = (0..a.warmup_requests).map(|_| prompt(&mut rng)).collect();
     let url = format!("{base}/v1/completions");
+    if !warmups.is_empty() {
+        let t = Instant::now();
+        let runs = warmups.into_iter().map(|p| {
+            let body = json!({"model": model, "prompt": p, "max_tokens": 1, "stream": true, "temperature": 0.0});
+            let (client, url, key) = (client.clone(), url.clone(), key.clone());
+            async move { one_request(&client, &url, key.as_deref(), body, t).await }
+        });
+        let done = futures_util::future::join_all(runs).await;
+        if let Some(e) = done.iter().find(|o| !o.ok) {
+            bail!("a warm-up request failed: {}", e.error);
+        }
+        println!("Warm-up: {} requests in {:.2} s", done.len(), t.elapsed().as_secs_f64());
+    }
     let sem = a.max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
     println!(
         "Starting benchmark: {} prompts, input {} / output {} tokens, model {model}",
         a.num_prompts, a.random_input_len, a.random_output_len
     );
     let spec_before = spec_metrics(&client, &base, key.as_deref()).await;
+    let routed_before = router_decisions(&client, &base, key.as_deref()).await;
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(prompts.len());
     for p in prompts {
@@ -211,7 +238,31 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         (Some(b), Some(e)) => Some(e.since(&b)),
         _ => None,
     };
-    report(&a, &model, &outcomes, duration, spec.as_ref())
+    let routed: Vec<(String, f64)> = router_decisions(&client, &base, key.as_deref())
+        .await
+        .into_iter()
+        .map(|(w, n)| {
+            let before = routed_before.iter().find(|(b, _)| *b == w).map_or(0.0, |b| b.1);
+            (w, n - before)
+        })
+        .collect();
+    report(&a, &model, &outcomes, duration, spec.as_ref(), &routed)
+}
+
+/// A flint server's `flint:router_decisions_total` per worker label (empty for other servers).
+async fn router_decisions(client: &reqwest::Client, base: &str, key: Option<&str>) -> Vec<(String, f64)> {
+    let mut req = client.get(format!("{base}/metrics"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let Some(text) = (async { req.send().await.ok()?.text().await.ok() }).await else { return Vec::new() };
+    text.lines()
+        .filter(|l| l.starts_with("flint:router_decisions_total{"))
+        .filter_map(|l| {
+            let worker = l.split("worker=\"").nth(1)?.split('"').next()?.to_string();
+            Some((worker, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The server's speculative-decoding counters (vLLM's names in `/metrics`), if it exposes them.
@@ -273,10 +324,11 @@ fn report(
     outcomes: &[Outcome],
     duration: f64,
     spec: Option<&SpecMetrics>,
+    routed: &[(String, f64)],
 ) -> Result<()> {
     let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok).collect();
     let completed = ok.len();
-    let total_input = completed * a.random_input_len;
+    let total_input = completed * (a.random_prefix_len + a.random_input_len);
     let total_output: usize = ok.iter().map(|o| o.output_tokens).sum();
     let ttft = stats(ok.iter().map(|o| o.ttft).collect());
     let tpot = stats(
@@ -340,6 +392,12 @@ fn report(
         let per: Vec<String> = s.per_pos.iter().map(|&x| format!("{:.2}", 100.0 * x / s.drafts.max(1.0))).collect();
         line("Per-position acceptance (%):", per.join(", "));
     }
+    if routed.len() > 1 {
+        println!("{:-^50}", "Router");
+        for (w, n) in routed {
+            line(&format!("Requests to worker {w}:"), format!("{n}"));
+        }
+    }
     println!("{}", "=".repeat(50));
     if let Some(e) = outcomes.iter().find(|o| !o.ok) {
         eprintln!("first failure: {}", e.error);
@@ -367,6 +425,7 @@ fn report(
             "ttfts": ok.iter().map(|o| o.ttft).collect::<Vec<_>>(),
             "itls": ok.iter().map(|o| o.itl.clone()).collect::<Vec<_>>(),
             "errors": outcomes.iter().map(|o| o.error.clone()).collect::<Vec<_>>(),
+            "requests_per_worker": routed.iter().map(|(w, n)| (w.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "spec_decode": spec.map(|s| json!({
                 "drafts": s.drafts, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted,
                 "accepted_per_pos": s.per_pos,

@@ -208,9 +208,13 @@ fn load_workers(
         for (name, r) in router.profile(prompt, 16) {
             match r {
                 Ok(r) => tracing::info!(
-                    "worker {name}: profiled prefill {:.1} tok/s, decode {:.1} tok/s ({prompt}-token prompt, 16 tokens)",
+                    "worker {name}: profiled prefill {:.1} tok/s; decode step {:.1} ms + {:.2} ms per sequence \
+                     ({:.1} tok/s alone, {:.1} at 8)",
                     r.prefill,
-                    r.decode
+                    r.decode.base_secs * 1e3,
+                    r.decode.per_row_secs * 1e3,
+                    r.decode.rate_at(1),
+                    r.decode.rate_at(8)
                 ),
                 Err(e) => tracing::warn!("worker {name}: profile failed ({e}); its rates start unmeasured"),
             }

@@ -171,15 +171,6 @@ impl Metrics {
         per_worker("vllm:num_preemptions_total", "Preemptions (recompute).", "counter", &|s| s.num_preemptions as f64);
         per_worker("vllm:prompt_tokens_total", "Prompt tokens submitted.", "counter", &|s| s.prompt_tokens as f64);
         per_worker("vllm:generation_tokens_total", "Tokens generated.", "counter", &|s| s.generation_tokens as f64);
-        per_worker(
-            "flint:prefill_rate_tokens_per_second",
-            "Prefill throughput the router prices with.",
-            "gauge",
-            &|s| s.prefill_rate,
-        );
-        per_worker("flint:decode_rate_tokens_per_second", "Decode throughput the router prices with.", "gauge", &|s| {
-            s.decode_rate
-        });
         let mut labeled = |name: &str, help: &str, kind: &str, v: &dyn Fn(&WorkerStatus) -> f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for (l, w) in &worker_labels {
@@ -192,6 +183,21 @@ impl Metrics {
         labeled("flint:worker_healthy", "1 while the worker's step loop runs.", "gauge", &|w| {
             f64::from(u8::from(w.healthy))
         });
+        labeled("flint:prefill_rate_tokens_per_second", "Prefill throughput the router prices with.", "gauge", &|w| {
+            w.stats.prefill_rate
+        });
+        labeled(
+            "flint:decode_step_base_seconds",
+            "Decode step time the router prices with: the part paid once per step.",
+            "gauge",
+            &|w| w.stats.decode_cost.base_secs,
+        );
+        labeled(
+            "flint:decode_step_per_sequence_seconds",
+            "Decode step time the router prices with: the part paid per sequence in the batch.",
+            "gauge",
+            &|w| w.stats.decode_cost.per_row_secs,
+        );
         let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}");
         };

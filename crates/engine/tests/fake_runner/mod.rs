@@ -32,6 +32,8 @@ pub struct FakeRunner {
     /// A draft model: proposes the fake's own greedy continuation, except that one proposal in
     /// `n` (by position) is replaced by another word, so drafts are partly rejected.
     pub draft_wrong_every: Option<u64>,
+    /// Each step sleeps this long per token it computes (a worker of known speed).
+    pub delay_per_token: Option<std::time::Duration>,
 }
 
 impl FakeRunner {
@@ -44,6 +46,7 @@ impl FakeRunner {
             eos_every: 0,
             window: None,
             draft_wrong_every: None,
+            delay_per_token: None,
         }
     }
 
@@ -99,6 +102,9 @@ impl ModelRunner for FakeRunner {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
+        if let Some(d) = self.delay_per_token {
+            std::thread::sleep(d * plan.chunks.iter().map(|c| c.tokens.len() as u32).sum::<u32>());
+        }
         let mut data = Vec::new();
         for c in &plan.chunks {
             if self.fail_on.is_some_and(|t| c.tokens.contains(&t)) {
