@@ -193,8 +193,9 @@ async fn api_key_body_limit_queue_and_disconnects() {
     )
     .await;
     let c = reqwest::Client::new();
-    // /health needs no key; everything else does.
+    // /health and /metrics need no key (probes and scrapers); everything else does.
     assert_eq!(c.get(format!("{}/health", s.base)).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(format!("{}/metrics", s.base)).send().await.unwrap().status(), 200);
     for auth in [None, Some("Bearer wrong"), Some("sekret")] {
         let mut r = c.get(format!("{}/v1/models", s.base));
         if let Some(a) = auth {

@@ -57,10 +57,12 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// API key on every route but `/health`.
+/// API key on every route but `/health` and `/metrics`: probes and scrapers (Kubernetes, an
+/// inference gateway's endpoint picker, Prometheus) carry no credentials, and vLLM asks for the
+/// key on its `/v1` routes only.
 async fn guard(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.cfg.api_key {
-        if req.uri().path() != "/health" {
+        if !matches!(req.uri().path(), "/health" | "/metrics") {
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)

@@ -27,7 +27,7 @@ pub struct ServingModel {
 pub struct ServerConfig {
     pub host: String,
     pub port: u16,
-    /// Required as `Authorization: Bearer <key>` on every route but `/health`.
+    /// Required as `Authorization: Bearer <key>` on every route but `/health` and `/metrics`.
     pub api_key: Option<String>,
     pub served_model_name: String,
     /// Requests accepted beyond those the engine runs at once; more get 429.
