@@ -3,8 +3,9 @@
 # with both threads, on bursts of 8 and 48 requests (a 496-token shared prefix warmed in the
 # caches first + 16 tokens of their own = 512 in, 128 out, all sent at once). Each server is
 # fresh; configurations alternate within each repetition. Prints one line per run and a table
-# of medians (completion time = the burst's duration; aggregate output tok/s).
-# Usage: scripts/bench_router.sh FAST.gguf SLOW.gguf [REPS]   (docs/benchmarks.md, "Router")
+# of medians (completion time = the burst's duration; aggregate output tok/s). The one-worker
+# baseline serves FAST with both threads (SLOW_BASELINE=1 adds SLOW with both threads).
+# Usage: scripts/bench_router.sh FAST SLOW [REPS]   (docs/benchmarks.md, "Several workers and the router")
 set -euo pipefail
 fast=${1:?usage: scripts/bench_router.sh FAST_MODEL SLOW_MODEL [REPS]}
 slow=${2:?usage: scripts/bench_router.sh FAST_MODEL SLOW_MODEL [REPS]}
@@ -14,7 +15,7 @@ port=${PORT:-8390}
 out=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$out"' EXIT
 
-pair=(--model "$slow" --kv-cache-memory 1G
+pair=(--model "$slow" --kv-cache-memory 2G
       --worker "device=cpu,threads=1,model=$slow" --worker "device=cpu,threads=1,model=$fast")
 declare -A configs=(
   [cost]="${pair[*]} --router cost"
@@ -23,7 +24,8 @@ declare -A configs=(
   [one-fast-2t]="--model $fast --kv-cache-memory 2G --threads 2"
   [one-slow-2t]="--model $slow --kv-cache-memory 2G --threads 2"
 )
-order=(cost least-load round-robin one-fast-2t one-slow-2t)
+order=(cost least-load round-robin one-fast-2t)
+[ "${SLOW_BASELINE:-0}" = 1 ] && order+=(one-slow-2t)
 
 for rep in $(seq "$reps"); do
   for name in "${order[@]}"; do

@@ -356,7 +356,8 @@ fn run_loop<R: ModelRunner>(
     stats: &Mutex<EngineStats>,
     dead: MarkDead,
 ) {
-    // Locals drop before parameters: `dead` (a parameter declared after `core`) drops first.
+    // Moved into a local: locals drop before parameters, so the engine reads as dead before
+    // `core`, and with it every request's channel, goes (on return and on unwind alike).
     let _dead = dead;
     let mut rates = StepRates::default();
     loop {

@@ -85,9 +85,9 @@ impl Router {
         Ok(Self { inner: Arc::new(Inner { workers, policy, turn: AtomicUsize::new(0), deciding: Mutex::new(()) }) })
     }
 
-    /// One engine, nothing to choose between.
+    /// One engine (`flint serve` without `--worker`: one CPU worker), nothing to choose between.
     pub fn single(engine: Engine) -> Self {
-        let w = Worker { name: "0".into(), engine, ledger: Ledger::default(), decisions: AtomicU64::new(0) };
+        let w = Worker { name: "cpu0".into(), engine, ledger: Ledger::default(), decisions: AtomicU64::new(0) };
         Self {
             inner: Arc::new(Inner {
                 workers: vec![w],
@@ -175,8 +175,10 @@ impl Router {
     /// event; with no live worker, [`EngineError::Unavailable`].
     pub fn submit(&self, req: Request) -> Result<EventStream, EngineError> {
         let inner = &self.inner;
-        if inner.workers.len() == 1 {
-            return inner.workers[0].engine.submit(req);
+        if let [only] = inner.workers.as_slice() {
+            let stream = only.engine.submit(req)?;
+            only.decisions.fetch_add(1, Ordering::Relaxed);
+            return Ok(stream);
         }
         let _deciding = inner.deciding.lock().map_err(|_| EngineError::Internal("router lock poisoned".into()))?;
         let incoming = incoming(&req.prompt, &req.params);
@@ -218,17 +220,19 @@ impl Router {
         if inner.policy == RoutePolicy::RoundRobin {
             inner.turn.store(i + 1, Ordering::Relaxed);
         }
-        let table = self.scores(&cands, &incoming);
-        tracing::debug!(
-            target: "flint::router",
-            "request {} ({} prompt tokens, decode budget {}) -> worker {} by {}: {}",
-            req.id,
-            incoming.prompt_tokens,
-            incoming.decode_budget,
-            inner.workers[i].name,
-            inner.policy,
-            table.iter().map(WorkerScore::log_line).collect::<Vec<_>>().join("; ")
-        );
+        if tracing::enabled!(target: "flint::router", tracing::Level::DEBUG) {
+            let table = self.scores(&cands, &incoming);
+            tracing::debug!(
+                target: "flint::router",
+                "request {} ({} prompt tokens, decode budget {}) -> worker {} by {}: {}",
+                req.id,
+                incoming.prompt_tokens,
+                incoming.decode_budget,
+                inner.workers[i].name,
+                inner.policy,
+                table.iter().map(WorkerScore::log_line).collect::<Vec<_>>().join("; ")
+            );
+        }
         let progress = Progress::new(
             incoming.prompt_tokens.saturating_sub(cands[i].cached_tokens),
             incoming.decode_budget,
@@ -290,8 +294,9 @@ impl Router {
     /// Measure every worker's rates before the first request, all workers at once: a small
     /// warm-up request (first-touch costs; the rates are reset after it), then one request of
     /// `prompt_tokens` tokens and `output_tokens` outputs (prefill, and decode at a batch of 1),
-    /// then up to 8 short requests at once (decode at a batch of 8). The trackers keep what
-    /// these steps measured. Returns each worker's measured rates, or why its profile failed.
+    /// then up to [`PROFILE_BATCH`] requests at once on that prompt plus a few tokens of their
+    /// own (decode at a batch of 32, at that context, for half as many tokens). The trackers keep what these steps
+    /// measured. Returns each worker's measured rates, or why its profile failed.
     pub fn profile(&self, prompt_tokens: usize, output_tokens: usize) -> Vec<(String, Result<Profiled, String>)> {
         let vocab = self.model_info().valid_vocab.max(2);
         std::thread::scope(|s| {
@@ -336,6 +341,11 @@ fn incoming(prompt: &[u32], p: &RequestParams) -> Incoming {
     Incoming { prompt_tokens: prompt.len(), decode_budget: p.max_tokens.saturating_mul(p.n), seqs: p.n.max(1) }
 }
 
+/// Sequences decoding together in the profile's second phase: as many as a busy worker runs
+/// (fitted from batches of 1 and 16 only, the per-sequence term missed how a batch of 24 runs
+/// and priced a near-equal pair of workers 10% off).
+pub const PROFILE_BATCH: usize = 32;
+
 /// What a worker's start-up profile measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Profiled {
@@ -345,14 +355,18 @@ pub struct Profiled {
 
 /// One worker's profile (see [`Router::profile`]); the engine's own step timing measures it.
 fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output: usize) -> Result<Profiled, String> {
-    let request = |tag: &str, len: usize, max_tokens: usize| Request {
+    // A fixed spread of ids: `len` shared ones, then 8 of request `own`'s (none for `None`).
+    // Its own cache salt keeps the profile out of every real prompt's hits.
+    let request = |tag: &str, len: usize, own: Option<usize>, max_tokens: usize| Request {
         id: format!("flint-router-profile-{tag}-{i}"),
-        // A fixed spread of ids; its own cache salt keeps it out of every real prompt's hits.
-        prompt: (0..len).map(|k| ((k * 7919 + 13 * (i + 1)) % vocab) as u32).collect(),
+        prompt: (0..len)
+            .map(|k| ((k * 7919 + 13 * (i + 1)) % vocab) as u32)
+            .chain(own.into_iter().flat_map(|o| (0..8).map(move |k| ((o * 8 + k) * 104_729 % vocab) as u32)))
+            .collect(),
         params: RequestParams {
             max_tokens,
             ignore_eos: true,
-            cache_salt: Some(format!("flint-router-profile-{tag}")),
+            cache_salt: Some("flint-router-profile".into()),
             ..RequestParams::default()
         },
     };
@@ -368,11 +382,14 @@ fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output
         }
         Ok(())
     };
-    run(vec![request("warm", prompt.min(16), 2)])?;
+    run(vec![request("warm", 0, Some(PROFILE_BATCH), 2)])?;
     engine.reset_rates();
-    run(vec![request("prefill", prompt, output)])?;
-    let batch = engine.scheduler_config().max_num_seqs.min(8);
-    run((0..batch).map(|k| request(&format!("batch{k}"), 8, output)).collect())?;
+    run(vec![request("first", prompt, None, output)])?;
+    // The batch shares the first prompt (a cache hit), so its decode steps run at that context:
+    // a row's cost includes its attention over the context, not only its share of the matmuls.
+    let batch = engine.scheduler_config().max_num_seqs.min(PROFILE_BATCH);
+    let steps = (output / 2).max(4);
+    run((0..batch).map(|k| request(&format!("batch{k}"), prompt, Some(k), steps)).collect())?;
     // Stats are published after each step; the last step's sample may land just after its
     // events (one step of dozens).
     let st = engine.stats();

@@ -204,17 +204,18 @@ fn load_workers(
     if router.num_workers() > 1 {
         // A short profile prices each worker's phases before the first request; the rates then
         // follow real step times.
-        let prompt = 128.min(router.max_model_len().saturating_sub(32)).max(8);
+        // A 512-token context (the batch phase decodes there), or what the model allows.
+        let prompt = 512.min(router.max_model_len().saturating_sub(64)).max(8);
         for (name, r) in router.profile(prompt, 16) {
             match r {
                 Ok(r) => tracing::info!(
                     "worker {name}: profiled prefill {:.1} tok/s; decode step {:.1} ms + {:.2} ms per sequence \
-                     ({:.1} tok/s alone, {:.1} at 8)",
+                     ({:.1} tok/s alone, {:.1} at 32; {prompt}-token context)",
                     r.prefill,
                     r.decode.base_secs * 1e3,
                     r.decode.per_row_secs * 1e3,
                     r.decode.rate_at(1),
-                    r.decode.rate_at(8)
+                    r.decode.rate_at(32)
                 ),
                 Err(e) => tracing::warn!("worker {name}: profile failed ({e}); its rates start unmeasured"),
             }
