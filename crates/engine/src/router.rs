@@ -20,7 +20,7 @@ use crate::engine::{EngineStats, EventStream};
 use crate::kv_manager::{cached_prefix_tokens, salt_hash};
 use crate::request::{EngineEvent, Request, RequestParams};
 use crate::structured::GrammarCompiler;
-use crate::{Engine, EngineError, ModelInfo, SchedulerConfig};
+use crate::{Engine, EngineError, ModelInfo};
 use cost::{choose, score, Candidate, Incoming, Rates};
 use ledger::{Ledger, Progress};
 
@@ -119,11 +119,6 @@ impl Router {
     /// worker can run them).
     pub fn grammars(&self) -> &Arc<GrammarCompiler> {
         self.first().grammars()
-    }
-
-    /// The first worker's scheduler limits (see [`max_num_seqs`](Self::max_num_seqs) for the sum).
-    pub fn scheduler_config(&self) -> &SchedulerConfig {
-        self.first().scheduler_config()
     }
 
     /// Sequences the live workers run at once, together.
@@ -355,6 +350,8 @@ pub struct Profiled {
 
 /// One worker's profile (see [`Router::profile`]); the engine's own step timing measures it.
 fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output: usize) -> Result<Profiled, String> {
+    // Room for the prompt, 8 tokens of each request's own and the outputs on this worker.
+    let prompt = prompt.min(engine.scheduler_config().max_model_len.saturating_sub(output + 16)).max(1);
     // A fixed spread of ids: `len` shared ones, then 8 of request `own`'s (none for `None`).
     // Its own cache salt keeps the profile out of every real prompt's hits.
     let request = |tag: &str, len: usize, own: Option<usize>, max_tokens: usize| Request {

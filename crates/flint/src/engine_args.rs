@@ -91,6 +91,16 @@ pub fn parse_kv_dtype(s: &str) -> std::result::Result<KvChoice, String> {
     s.parse().map(|d| KvChoice(Some(d)))
 }
 
+/// `--dtype`'s value (auto, f32, bf16, f16) as a candle dtype; `None`: auto.
+pub fn parse_dtype(s: &str) -> Option<candle_core::DType> {
+    match s {
+        "f32" => Some(candle_core::DType::F32),
+        "bf16" => Some(candle_core::DType::BF16),
+        "f16" => Some(candle_core::DType::F16),
+        _ => None,
+    }
+}
+
 /// `4G`, `512MiB`, `1000000` → bytes (K/M/G are powers of 1024, like vLLM's `--kv-cache-memory`).
 pub fn parse_bytes(s: &str) -> Result<usize> {
     let t = s.trim();

@@ -201,12 +201,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     sampling.validate()?;
     let speculative = a.spec.get()?;
-    let dtype = match a.dtype.as_str() {
-        "f32" => Some(DType::F32),
-        "bf16" => Some(DType::BF16),
-        "f16" => Some(DType::F16),
-        _ => None,
-    };
+    let dtype = engine_args::parse_dtype(&a.dtype);
     let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
     let kv = a.kv.get().unwrap_or(flint_model::KvCacheDtype::F32);
     eprintln!("loaded {} ({:?} compute, {kv} KV cache)", lm.source, lm.model.dtype());

@@ -8,7 +8,7 @@ use candle_core::{DType, Device};
 use flint_engine::{build_core, load_draft, plan, Engine, LoadedModel, RoutePolicy, Router};
 use flint_server::{ServerConfig, ServingModel};
 
-use crate::engine_args::{parse_bytes, EngineArgs};
+use crate::engine_args::{parse_bytes, parse_dtype, EngineArgs};
 use crate::workers::{self, WorkerSpec};
 
 #[derive(clap::Args)]
@@ -107,7 +107,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
-    let dtype = workers::parse_dtype(&a.dtype);
+    let dtype = parse_dtype(&a.dtype);
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
     if !a.workers.is_empty() {
         let (specs, policy) = (a.workers.clone(), a.router);

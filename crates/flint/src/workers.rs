@@ -13,7 +13,7 @@ use flint_engine::{
 };
 use flint_model::kernels::pool::{core_cpus, KernelPool};
 
-use crate::engine_args::parse_bytes;
+use crate::engine_args::{parse_bytes, parse_dtype};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -105,16 +105,6 @@ impl WorkerSpec {
             DeviceSpec::Cuda(d) => format!("cuda{d}-{i}"),
             DeviceSpec::Metal => format!("metal{i}"),
         }
-    }
-}
-
-/// `--dtype`'s value as a candle dtype (`None`: auto).
-pub fn parse_dtype(s: &str) -> Option<DType> {
-    match s {
-        "f32" => Some(DType::F32),
-        "bf16" => Some(DType::BF16),
-        "f16" => Some(DType::F16),
-        _ => None,
     }
 }
 
