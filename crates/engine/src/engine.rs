@@ -222,7 +222,7 @@ impl Engine {
             ..Default::default()
         }));
         // Speculation's counters exist (at zero) from the start, as vLLM exports them.
-        publish(&core, &stats);
+        publish(&core, &stats, &StepRates::default());
         let alive = Arc::new(AtomicBool::new(true));
         let (s, a) = (stats.clone(), alive.clone());
         let name = thread.name.map_or_else(|| "flint-engine".to_string(), |n| format!("flint-engine-{n}"));
@@ -381,10 +381,7 @@ fn run_loop<R: ModelRunner>(
         let plan = core.step();
         let (prefill, decode) = phase_tokens(&plan);
         rates.observe(prefill, decode, started.elapsed().as_secs_f64());
-        publish(&core, stats);
-        if let Ok(mut st) = stats.lock() {
-            (st.prefill_rate, st.decode_cost) = (rates.prefill(), rates.decode());
-        }
+        publish(&core, stats, &rates);
         if plan.chunks.is_empty() && core.has_work() {
             // Work that cannot run yet (a sample waiting on its leader): do not spin.
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -439,9 +436,10 @@ fn apply<R: ModelRunner>(
     }
 }
 
-fn publish<R: ModelRunner>(core: &EngineCore<R>, stats: &Mutex<EngineStats>) {
+fn publish<R: ModelRunner>(core: &EngineCore<R>, stats: &Mutex<EngineStats>, rates: &StepRates) {
     let s = core.scheduler();
     if let Ok(mut st) = stats.lock() {
+        (st.prefill_rate, st.decode_cost) = (rates.prefill(), rates.decode());
         st.num_running = s.num_running();
         st.num_waiting = s.num_waiting();
         st.kv_cache_usage = s.kv().usage();
