@@ -12,7 +12,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use flint_model::kernels::pool::KernelPool;
 
 use crate::block_pool::PrefixIndex;
-use crate::engine_core::{validate, EngineCore, Handle, ModelInfo};
+use crate::engine_core::{EngineCore, Handle, ModelInfo};
 use crate::request::{EngineEvent, Request};
 use crate::router::ledger::Progress;
 use crate::router::rates::{DecodeCost, StepRates};
@@ -20,6 +20,7 @@ use crate::runner::ModelRunner;
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{SpecCounters, MAX_SPECULATIVE_TOKENS};
 use crate::structured::{GrammarCompiler, MaskHistogram};
+use crate::validation::validate;
 use crate::EngineError;
 
 /// A snapshot of the engine's state, refreshed after every step (for metrics and logs).
@@ -302,7 +303,13 @@ impl Engine {
 
     /// Validate and queue `req`. Invalid requests fail here, before any event.
     pub fn submit(&self, req: Request) -> Result<EventStream, EngineError> {
-        validate(&req, &self.inner.info, &self.inner.sched)?;
+        self.validate(&req)?;
+        self.submit_validated(req)
+    }
+
+    /// Queue `req`, which [`validate`](Self::validate) accepted (the router validates against
+    /// every worker to choose one; this keeps the chosen worker from checking again).
+    pub(crate) fn submit_validated(&self, req: Request) -> Result<EventStream, EngineError> {
         if !self.is_healthy() {
             return Err(EngineError::Internal("the engine is not running".into()));
         }
@@ -411,7 +418,7 @@ fn apply<R: ModelRunner>(
     match cmd {
         Command::Add(handle, req, tx) => {
             let sink_tx = tx.clone();
-            if let Err(e) = core.add_with_handle(handle, *req, Box::new(move |ev| sink_tx.send(ev).is_ok())) {
+            if let Err(e) = core.add_validated(handle, *req, Box::new(move |ev| sink_tx.send(ev).is_ok())) {
                 let _ = tx.send(EngineEvent::Error(e.to_string()));
             }
             true

@@ -10,9 +10,7 @@ use std::time::Instant;
 
 use crate::detokenizer::IncrementalDecoder;
 use crate::kv_manager::SeqId;
-use crate::request::{
-    EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch, MAX_LOGPROBS, MAX_N,
-};
+use crate::request::{EngineEvent, FinishReason, Finished, Request, RequestParams, SampleOutput, StopMatch};
 use crate::runner::{DraftRequest, ModelRunner, StepLogits};
 use crate::sampler::{token_logprobs, Sampler, TokenLogprobs};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqSpec, StepPlan};
@@ -26,7 +24,7 @@ use crate::EngineError;
 pub type EventSink = Box<dyn FnMut(EngineEvent) -> bool + Send>;
 
 /// What validation needs to know about the model and the pool.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelInfo {
     /// Rows of the model's logits (the padded vocabulary).
     pub vocab_size: usize,
@@ -118,38 +116,6 @@ pub struct EngineCore<R: ModelRunner> {
     pub mask_times: MaskHistogram,
 }
 
-/// Validate `req` against the model and pool limits: every failure names the parameter.
-pub fn validate(req: &Request, info: &ModelInfo, sched: &SchedulerConfig) -> Result<(), EngineError> {
-    let p = &req.params;
-    let invalid = |m: String| Err(EngineError::InvalidRequest(m));
-    p.sampling.validate()?;
-    if p.n == 0 || p.n > MAX_N {
-        return invalid(format!("n must be between 1 and {MAX_N}, got {}", p.n));
-    }
-    if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
-        return invalid("max_tokens must be at least 1 (0 only scores the prompt, with prompt_logprobs)".into());
-    }
-    if p.min_tokens > p.max_tokens {
-        return invalid(format!("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens, p.max_tokens));
-    }
-    for (name, k) in [("logprobs", p.logprobs), ("prompt_logprobs", p.prompt_logprobs)] {
-        if k.is_some_and(|k| k > MAX_LOGPROBS) {
-            return invalid(format!("{name} must be at most {MAX_LOGPROBS}, got {}", k.unwrap_or(0)));
-        }
-    }
-    if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-        return invalid(format!("prompt token id {t} is outside the vocabulary (size {})", info.vocab_size));
-    }
-    if let Some(&(t, _)) = p.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= info.valid_vocab) {
-        return invalid(format!("logit_bias token id {t} is outside the vocabulary (size {})", info.valid_vocab));
-    }
-    if let Some(&t) = p.stop_token_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-        return invalid(format!("stop_token_ids entry {t} is outside the vocabulary (size {})", info.vocab_size));
-    }
-    sched.check_admissible(req.prompt.len(), p.max_tokens)?;
-    Ok(())
-}
-
 impl<R: ModelRunner> EngineCore<R> {
     pub fn new(runner: R, sched: SchedulerConfig, tokenizer: Arc<Tokenizer>, info: ModelInfo) -> Self {
         Self {
@@ -212,7 +178,13 @@ impl<R: ModelRunner> EngineCore<R> {
 
     /// [`add`](Self::add) under a handle the caller chose (unique, below `1 << 63`).
     pub fn add_with_handle(&mut self, handle: Handle, req: Request, sink: EventSink) -> Result<(), EngineError> {
-        validate(&req, &self.info, self.scheduler.config())?;
+        crate::validation::validate(&req, &self.info, self.scheduler.config())?;
+        self.add_validated(handle, req, sink)
+    }
+
+    /// [`add_with_handle`](Self::add_with_handle) for a request the caller validated against this
+    /// engine already ([`Engine::submit`](crate::Engine::submit) does, on the caller's thread).
+    pub(crate) fn add_validated(&mut self, handle: Handle, req: Request, sink: EventSink) -> Result<(), EngineError> {
         if self.groups.contains_key(&handle) {
             return Err(EngineError::Internal(format!("request handle {handle} is already in use")));
         }
@@ -295,7 +267,9 @@ impl<R: ModelRunner> EngineCore<R> {
 
     /// Run one step. Returns the plan that ran (empty when there was nothing to do).
     pub fn step(&mut self) -> StepPlan {
-        let plan = self.scheduler.schedule();
+        // Scopes for `--trace-dir`; unrecorded they cost a cached check each.
+        let _step = tracing::trace_span!("engine_step").entered();
+        let plan = tracing::trace_span!("schedule").in_scope(|| self.scheduler.schedule());
         if !plan.freed_blocks.is_empty() {
             self.runner.release(&plan.freed_blocks);
         }
@@ -309,13 +283,15 @@ impl<R: ModelRunner> EngineCore<R> {
                 s.scheduled.get_or_insert(now);
             }
         }
-        let result = catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan)))
+        let forward = tracing::trace_span!("forward", sequences = plan.chunks.len());
+        let result = forward
+            .in_scope(|| catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan))))
             .unwrap_or_else(|_| Err(EngineError::Internal("the model runner panicked".into())));
         match result {
             Ok(logits) if logits.num_rows() == expected_rows(&plan) => {
                 self.scheduler.on_step_done(&plan);
-                self.process(&plan, &logits);
-                self.propose();
+                tracing::trace_span!("sample").in_scope(|| self.process(&plan, &logits));
+                tracing::trace_span!("propose").in_scope(|| self.propose());
             }
             Ok(logits) => self.fail_step(
                 &plan,

@@ -2,8 +2,8 @@
 //! CLI prints one line and the server (later) maps each kind to one HTTP status.
 
 use crate::chat_template::ChatTemplateError;
-use crate::sampler::SamplingError;
 use crate::tokenizer::TokenizerError;
+use crate::validation::InvalidParam;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -13,12 +13,13 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     ChatTemplate(#[from] ChatTemplateError),
+    /// A request parameter outside what flint accepts, with the parameter it concerns.
     #[error(transparent)]
-    Sampling(#[from] SamplingError),
+    InvalidParam(#[from] InvalidParam),
     /// A request that can never run (too long for the context or the KV pool).
     #[error(transparent)]
     Admission(#[from] crate::scheduler::AdmissionError),
-    /// A request the engine cannot run as given (empty prompt, too long, ...).
+    /// A request or configuration the engine cannot run as given (not tied to one parameter).
     #[error("{0}")]
     InvalidRequest(String),
     /// A checkpoint that opened but lacks something serving needs (e.g. a tokenizer).

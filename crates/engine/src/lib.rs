@@ -21,6 +21,7 @@ pub mod speculative;
 pub mod stop;
 pub mod structured;
 pub mod tokenizer;
+pub mod validation;
 
 pub use engine::{Engine, EngineStats, EngineThread, EventStream};
 pub use engine_core::{EngineCore, ModelInfo};
@@ -34,3 +35,4 @@ pub use runner::{DraftModel, DraftRequest, ModelRunner, PagedModelRunner, StepLo
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{SchedulerConfig, StepPlan};
 pub use speculative::{SpecCounters, SpecMethod, SpeculativeConfig};
+pub use validation::{InvalidParam, Param};

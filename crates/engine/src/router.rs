@@ -234,7 +234,8 @@ impl Router {
             incoming.seqs,
         );
         let w = &inner.workers[i];
-        let mut stream = w.engine.submit(req)?;
+        // Eligible means validated against this worker already.
+        let mut stream = w.engine.submit_validated(req)?;
         w.ledger.add(&progress);
         stream.track_progress(progress);
         w.decisions.fetch_add(1, Ordering::Relaxed);

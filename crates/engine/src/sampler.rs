@@ -52,50 +52,7 @@ impl Default for SamplingParams {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum SamplingError {
-    #[error("temperature must be a finite number >= 0, got {0}")]
-    Temperature(f32),
-    #[error("top_p must be in (0, 1], got {0}")]
-    TopP(f32),
-    #[error("min_p must be in [0, 1], got {0}")]
-    MinP(f32),
-    #[error("presence_penalty must be in [-2, 2], got {0}")]
-    PresencePenalty(f32),
-    #[error("frequency_penalty must be in [-2, 2], got {0}")]
-    FrequencyPenalty(f32),
-    #[error("repetition_penalty must be a finite number > 0, got {0}")]
-    RepetitionPenalty(f32),
-    #[error("logit_bias for token {token} must be in [-100, 100], got {bias}")]
-    LogitBias { token: u32, bias: f32 },
-}
-
 impl SamplingParams {
-    pub fn validate(&self) -> Result<(), SamplingError> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(SamplingError::Temperature(self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(SamplingError::TopP(self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(SamplingError::MinP(self.min_p));
-        }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(SamplingError::PresencePenalty(self.presence_penalty));
-        }
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
-        }
-        if let Some(&(token, bias)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
-            return Err(SamplingError::LogitBias { token, bias });
-        }
-        Ok(())
-    }
-
     /// Temperatures below 1e-5 (vLLM's threshold) are greedy: dividing by them overflows.
     pub fn is_greedy(&self) -> bool {
         self.temperature < 1e-5 || self.top_k == 1

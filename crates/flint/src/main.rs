@@ -9,6 +9,7 @@ mod engine_args;
 mod inspect;
 mod plot;
 mod serve;
+mod telemetry;
 mod workers;
 
 use std::io::Write;
@@ -30,6 +31,10 @@ struct Cli {
     /// the physical cores this process may use).
     #[arg(long, global = true, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+    /// Write a Chrome trace (open it in ui.perfetto.dev) of the engine's scopes — step,
+    /// scheduler, forward, each layer's attention and MLP, kernels — into this directory.
+    #[arg(long, global = true, value_name = "DIR")]
+    trace_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -146,10 +151,14 @@ fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     // Logs (the server's request lines, start-up banner) go to stderr; RUST_LOG overrides "info".
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    // The guard lives until `main` returns, so the trace file is complete.
+    let _telemetry = match telemetry::init(cli.trace_dir.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            return ExitCode::FAILURE;
+        }
+    };
     if let Some(n) = cli.threads {
         flint_model::kernels::pool::set_threads(n as usize);
     }

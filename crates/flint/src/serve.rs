@@ -67,11 +67,28 @@ pub struct ServeArgs {
     /// each prefix cache), least-load or round-robin.
     #[arg(long, default_value = "cost", value_parser = clap::value_parser!(RoutePolicy))]
     router: RoutePolicy,
+    /// Send one OpenTelemetry span per request (vLLM's `llm_request`, `gen_ai.*` attributes) to
+    /// this OTLP/HTTP collector, e.g. http://localhost:4318; an incoming `traceparent` header
+    /// makes it a child of the client's trace. OTEL_SERVICE_NAME names the service (default
+    /// flint).
+    #[arg(long, value_name = "URL")]
+    otlp_traces_endpoint: Option<String>,
     /// Test-only routes (POST /debug/workers/N/fault makes worker N's step loop panic).
     #[arg(long, hide = true)]
     enable_test_hooks: bool,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+/// Sends the request spans still batched when the server exits.
+struct FlushSpans(opentelemetry_sdk::trace::SdkTracerProvider);
+
+impl Drop for FlushSpans {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.shutdown() {
+            tracing::warn!("OTLP exporter: the last spans were not sent: {e}");
+        }
+    }
 }
 
 /// A positive, finite number of seconds.
@@ -103,10 +120,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_logprobs: a.max_logprobs as usize,
         reasoning_parser: a.reasoning_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!(e))?,
         test_hooks: a.enable_test_hooks,
+        otlp_traces: a.otlp_traces_endpoint.is_some(),
     };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
+    // Built before the runtime: the exporter's blocking HTTP client must not live inside it.
+    let otlp = a.otlp_traces_endpoint.as_deref().map(|e| crate::telemetry::otlp_provider(e, "flint")).transpose()?;
+    let _flush = otlp.map(FlushSpans);
     let dtype = parse_dtype(&a.dtype);
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
     if !a.workers.is_empty() {

@@ -2,31 +2,34 @@
 //! in, `<tool_call>` output parsed back), answered as JSON or as a stream of chunks.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::SampleOutput;
 use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
+use crate::generation::{collect, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::{
-    chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, with_reasoning, Timer,
+    chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, with_reasoning, Outcome,
+    Timer,
 };
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
 use crate::reasoning::{ReasoningSplit, Split};
+use crate::request_span::Arrival;
 use crate::state::{InFlight, ServingModel, SharedState};
 use crate::structured::Requested;
 use crate::tools::{extract, ToolStream};
 use flint_engine::structured::{Constraint, ToolSchema};
 use flint_engine::RequestParams;
 
-pub async fn chat_completions(State(state): State<SharedState>, body: Bytes) -> Response {
-    respond(&state, run(&state, &body).await)
+pub async fn chat_completions(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrival = Arrival::new(&state, &headers);
+    respond(&state, run(&state, arrival, &body).await)
 }
 
 /// Check a request's `model` against the served name.
@@ -237,7 +240,7 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
     let model = model.clone();
     // Everything cheap is checked before the prompt is rendered and tokenized, and the request
     // holds its place in the admission count while that runs.
-    let mut params = req.common.to_params(model.router.model_info().valid_vocab)?;
+    let mut params = req.common.to_params(model.router.model_info(), "messages")?;
     params.logprobs = chat_logprobs(req.logprobs, req.top_logprobs, state.cfg.max_logprobs)?;
     params.prompt_logprobs = prompt_logprobs(&req.common, state.cfg.max_logprobs)?;
     req.common.max_tokens(0, model.max_model_len, false)?;
@@ -261,8 +264,7 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
     Ok(PreparedChat { req, prompt, params, parse_tools, guard })
 }
 
-async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
-    let arrival = Instant::now();
+async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
     let model = state.model()?;
     let req: ChatRequest = parse_request(body)?;
     let PreparedChat { req, prompt, params, parse_tools, mut guard } = prepare(state, &model, req).await?;
@@ -271,7 +273,8 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let n = params.n;
     let prompt_len = prompt.len();
     let mut jobs = submit(&model, &id, vec![prompt.clone()], &params, "messages", &mut guard)?;
-    let mut timer = Timer::new(arrival, n);
+    let mut timer = Timer::new(&arrival, n);
+    timer.trace(&arrival, &id, &params, &state.cfg.served_model_name);
     let created = now_unix();
     let ctx = StreamCtx {
         state: state.clone(),
@@ -331,8 +334,15 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         }));
     }
     let cached = choices.first().map_or(0, |c| c.cached_tokens);
-    state.metrics.finished(reason0, timer.elapsed());
-    log_request(&id, prompt_len, completion, cached, &timer, reason0);
+    let outcome = Outcome {
+        id: &id,
+        prompt_tokens: prompt_len,
+        completion_tokens: completion,
+        cached_tokens: cached,
+        sequences: n,
+        reason: reason0,
+    };
+    timer.finish(&state.metrics, outcome);
     let mut body = json!({
         "id": id,
         "object": "chat.completion",

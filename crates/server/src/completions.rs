@@ -1,10 +1,9 @@
 //! `POST /v1/completions`: one or many prompts (text or token ids), `n` samples each, with
 //! integer `logprobs` and `echo` (the prompt's own logprobs, as evaluation harnesses use).
 
-use std::time::Instant;
-
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::sampler::TokenLogprobs;
@@ -13,15 +12,17 @@ use serde_json::{json, Value};
 
 use crate::chat::check_model;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
+use crate::generation::{collect, respond, sse, submit, Formatter, StreamCtx};
 use crate::output::vllm_prompt_logprobs;
-use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Timer};
+use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Outcome, Timer};
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{completion_logprobs, parse_request, prompt_logprobs, CompletionRequest};
+use crate::request_span::Arrival;
 use crate::state::{ServingModel, SharedState};
 
-pub async fn completions(State(state): State<SharedState>, body: Bytes) -> Response {
-    respond(&state, run(&state, &body).await)
+pub async fn completions(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrival = Arrival::new(&state, &headers);
+    respond(&state, run(&state, arrival, &body).await)
 }
 
 /// `prompt` as given: texts still to tokenize, or token ids (already checked).
@@ -122,8 +123,7 @@ fn echo_logprobs(
     offset
 }
 
-async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
-    let arrival = Instant::now();
+async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
     let model = state.model()?;
     let req: CompletionRequest = parse_request(body)?;
     check_model(state, req.common.model.as_deref())?;
@@ -131,7 +131,7 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
-    let mut params = req.common.to_params(model.router.model_info().valid_vocab)?;
+    let mut params = req.common.to_params(model.router.model_info(), "prompt")?;
     let max_logprobs = state.cfg.max_logprobs;
     params.logprobs = completion_logprobs(req.logprobs, max_logprobs)?;
     let prompt_lps = prompt_logprobs(&req.common, max_logprobs)?;
@@ -158,7 +158,8 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let n = params.n;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let mut jobs = submit(&model, &id, prompts.clone(), &params, "prompt", &mut guard)?;
-    let mut timer = Timer::new(arrival, n * prompts.len());
+    let mut timer = Timer::new(&arrival, n * prompts.len());
+    timer.trace(&arrival, &id, &params, &state.cfg.served_model_name);
     let created = now_unix();
     let ctx = StreamCtx {
         state: state.clone(),
@@ -223,8 +224,15 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
         "abort" => "abort",
         _ => "stop",
     });
-    state.metrics.finished(reason, timer.elapsed());
-    log_request(&id, prompt_tokens, completion, cached, &timer, reason);
+    let outcome = Outcome {
+        id: &id,
+        prompt_tokens,
+        completion_tokens: completion,
+        cached_tokens: cached,
+        sequences: n * prompts.len(),
+        reason,
+    };
+    timer.finish(&state.metrics, outcome);
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",

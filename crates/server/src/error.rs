@@ -5,7 +5,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::scheduler::AdmissionError;
-use flint_engine::EngineError;
+use flint_engine::{EngineError, InvalidParam, Param};
 use serde_json::json;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -130,9 +130,11 @@ impl ApiError {
         }
     }
 
-    /// An engine refusal, with the parameter it concerns when the engine says which.
+    /// An engine refusal, by its type: a parameter the engine's rules reject names that
+    /// parameter (as this endpoint spells it; `prompt_param` is its prompt's field).
     pub fn from_engine(e: EngineError, prompt_param: &str) -> Self {
         match e {
+            EngineError::InvalidParam(p) => Self::from_param(p, prompt_param),
             EngineError::Admission(a @ AdmissionError::ContextLength { .. }) => {
                 Self::context_length(a.to_string(), prompt_param)
             }
@@ -141,25 +143,22 @@ impl ApiError {
             }
             EngineError::Admission(a) => Self::invalid(prompt_param, a.to_string()),
             EngineError::Unavailable(m) => Self::unavailable(m),
-            EngineError::Sampling(s) => {
-                let msg = s.to_string();
-                let param = msg.split_whitespace().next().unwrap_or("").to_string();
-                Self::invalid(&param, msg)
-            }
-            EngineError::InvalidRequest(m) => {
-                let param =
-                    m.split_whitespace().next().unwrap_or("").trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
-                let param = if param.chars().all(|c| c.is_ascii_lowercase() || c == '_') && !param.is_empty() {
-                    param.to_string()
-                } else {
-                    prompt_param.to_string()
-                };
-                Self::invalid(&param, m)
-            }
+            EngineError::InvalidRequest(m) => Self::invalid(prompt_param, m),
             EngineError::Tokenizer(t) => Self::invalid(prompt_param, t.to_string()),
             EngineError::ChatTemplate(t) => Self::invalid("messages", t.to_string()),
             e => Self::internal(e.to_string()),
         }
+    }
+
+    /// A parameter the engine's rules reject, named as the endpoint spells it: chat's count of
+    /// top logprobs is `top_logprobs`, and the prompt is `prompt`, `messages` or `input`.
+    pub fn from_param(e: InvalidParam, prompt_param: &str) -> Self {
+        let field = match e.param {
+            Param::Prompt => prompt_param,
+            Param::Logprobs if prompt_param != "prompt" => "top_logprobs",
+            p => p.name(),
+        };
+        Self::invalid(field, e.message)
     }
 }
 

@@ -18,7 +18,7 @@ use flint_engine::{EngineEvent, EventStream, Finished, Request, RequestParams};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use crate::error::{ApiError, ApiResult};
-use crate::output::{usage, with_reasoning, Timer};
+use crate::output::{usage, with_reasoning, Outcome, Timer};
 use crate::state::{InFlight, ServingModel, SharedState};
 
 /// One prompt's engine request; its samples are choices `offset .. offset + n`.
@@ -248,8 +248,15 @@ impl Driver {
         self.end_marker();
         self.done = true;
         self.guard.finish();
-        self.ctx.state.metrics.finished(reason, self.timer.elapsed());
-        log_request(&self.ctx.id, self.ctx.prompt_tokens, completion, cached, &self.timer, reason);
+        let outcome = Outcome {
+            id: &self.ctx.id,
+            prompt_tokens: self.ctx.prompt_tokens,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            sequences: self.total,
+            reason,
+        };
+        self.timer.finish(&self.ctx.state.metrics, outcome);
     }
 
     fn fail(&mut self, e: ApiError) {
@@ -319,13 +326,4 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
         }
     });
     Sse::new(body).keep_alive(KeepAlive::default()).into_response()
-}
-
-/// The one info line per request.
-pub fn log_request(id: &str, prompt: usize, completion: usize, cached: usize, timer: &Timer, finish: &str) {
-    tracing::info!(
-        "request {id}: prompt {prompt} tokens ({cached} cached), output {completion} tokens, TTFT {}, total {:.3}s, finish {finish}",
-        timer.first_token.map_or("-".to_string(), |t| format!("{t:.3}s")),
-        timer.elapsed()
-    );
 }

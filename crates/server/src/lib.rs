@@ -14,6 +14,7 @@ pub mod output;
 pub mod prompt_tokens;
 pub mod protocol;
 pub mod reasoning;
+pub mod request_span;
 pub mod responses;
 pub mod routes;
 pub mod state;

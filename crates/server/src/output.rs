@@ -6,10 +6,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use flint_engine::request::{FinishReason, Finished, StopMatch};
 use flint_engine::sampler::TokenLogprobs;
 use flint_engine::tokenizer::Tokenizer;
-use flint_engine::SampleOutput;
+use flint_engine::{RequestParams, SampleOutput};
 use serde_json::{json, Map, Value};
 
 use crate::metrics::Metrics;
+use crate::request_span::{Arrival, RequestSpan, SpanTiming, SpanUsage};
 
 pub fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -148,26 +149,43 @@ impl CompletionLogprobs {
     }
 }
 
-/// Timing of one request for the metrics and the log line.
+/// Timing of one request for the metrics, the log line and its span.
 pub struct Timer {
     pub arrival: Instant,
     pub first_token: Option<f64>,
+    queue: Option<f64>,
     last_event: Vec<Option<Instant>>,
-    queue_recorded: bool,
+    span: Option<RequestSpan>,
+}
+
+/// How a request ended, for [`Timer::finish`].
+pub struct Outcome<'a> {
+    pub id: &'a str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+    /// Samples drawn (`n` × prompts).
+    pub sequences: usize,
+    pub reason: &'static str,
 }
 
 impl Timer {
-    pub fn new(arrival: Instant, choices: usize) -> Self {
-        Self { arrival, first_token: None, last_event: vec![None; choices], queue_recorded: false }
+    pub fn new(arrival: &Arrival, choices: usize) -> Self {
+        Self { arrival: arrival.at, first_token: None, queue: None, last_event: vec![None; choices], span: None }
+    }
+
+    /// Export this request's span when it finishes (only when spans are exported at all).
+    pub fn trace(&mut self, arrival: &Arrival, id: &str, params: &RequestParams, model: &str) {
+        self.span = RequestSpan::new(arrival, id, params, model);
     }
 
     /// Record an output event of choice `i` carrying tokens.
     pub fn on_output(&mut self, m: &Metrics, i: usize, o: &SampleOutput) {
         let now = Instant::now();
-        if !self.queue_recorded {
+        if self.queue.is_none() {
             if let Some(q) = o.queue_secs {
                 m.queue_time(q);
-                self.queue_recorded = true;
+                self.queue = Some(q);
             }
         }
         if o.token_ids.is_empty() {
@@ -188,5 +206,25 @@ impl Timer {
 
     pub fn elapsed(&self) -> f64 {
         self.arrival.elapsed().as_secs_f64()
+    }
+
+    /// The request finished: count it, write its one info line, export its span.
+    pub fn finish(&mut self, m: &Metrics, o: Outcome) {
+        let e2e = self.elapsed();
+        m.finished(o.reason, e2e);
+        tracing::info!(
+            "request {}: prompt {} tokens ({} cached), output {} tokens, TTFT {}, total {e2e:.3}s, finish {}",
+            o.id,
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.completion_tokens,
+            self.first_token.map_or("-".to_string(), |t| format!("{t:.3}s")),
+            o.reason
+        );
+        if let Some(span) = self.span.take() {
+            let timing = SpanTiming { queue: self.queue, first_token: self.first_token, e2e };
+            let usage = SpanUsage { prompt_tokens: o.prompt_tokens, completion_tokens: o.completion_tokens };
+            span.end(&timing, &usage, o.sequences);
+        }
     }
 }

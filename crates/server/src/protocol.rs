@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use flint_engine::request::{RequestParams, MAX_N};
-use flint_engine::SamplingParams;
+use flint_engine::validation::validate_params;
+use flint_engine::{ModelInfo, SamplingParams};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -143,14 +144,6 @@ pub fn parse_request<T: WithCommon>(bytes: &[u8]) -> ApiResult<T> {
     Ok(t)
 }
 
-fn range(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> ApiResult<f32> {
-    match v {
-        None => Ok(default as f32),
-        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x as f32),
-        Some(x) => Err(ApiError::invalid(name, format!("`{name}` must be between {lo} and {hi}, got {x}"))),
-    }
-}
-
 fn non_negative(name: &str, v: Option<i64>) -> ApiResult<Option<usize>> {
     match v {
         None => Ok(None),
@@ -160,9 +153,10 @@ fn non_negative(name: &str, v: Option<i64>) -> ApiResult<Option<usize>> {
 }
 
 impl Common {
-    /// Validate everything except `max_tokens` (which needs the prompt length) and logprobs
-    /// (whose shape differs between endpoints).
-    pub fn to_params(&self, vocab_size: usize) -> ApiResult<RequestParams> {
+    /// The request's parameters, checked by the engine's rules
+    /// ([`flint_engine::validation`]); this only reads the JSON's shape. `max_tokens` (which needs
+    /// the prompt's length) and logprobs (whose fields differ between endpoints) are set later.
+    pub fn to_params(&self, info: &ModelInfo, prompt_param: &str) -> ApiResult<RequestParams> {
         let n = match self.n {
             None => 1,
             Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
@@ -176,12 +170,6 @@ impl Common {
                 ));
             }
         }
-        let temperature = range("temperature", self.temperature, 0.0, 2.0, 1.0)?;
-        let top_p = range("top_p", self.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
-        let min_p = range("min_p", self.min_p, 0.0, 1.0, 0.0)?;
-        let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
-        let frequency_penalty = range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
-        let repetition_penalty = range("repetition_penalty", self.repetition_penalty, f64::MIN_POSITIVE, 2.0, 1.0)?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -195,18 +183,6 @@ impl Common {
             let id: u32 = k.parse().map_err(|_| {
                 ApiError::invalid("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}"))
             })?;
-            if id as usize >= vocab_size {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("`logit_bias` token id {id} is outside the vocabulary (size {vocab_size})"),
-                ));
-            }
-            if !(-100.0..=100.0).contains(&v) {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("`logit_bias` values must be in [-100, 100], got {v}"),
-                ));
-            }
             logit_bias.push((id, v as f32));
         }
         logit_bias.sort_by_key(|(id, _)| *id);
@@ -221,20 +197,22 @@ impl Common {
             .iter()
             .flatten()
             .map(|&t| {
-                u32::try_from(t).ok().filter(|&t| (t as usize) < vocab_size).ok_or_else(|| {
+                u32::try_from(t).map_err(|_| {
                     ApiError::invalid("stop_token_ids", format!("`stop_token_ids` entry {t} is not a token id"))
                 })
             })
             .collect::<ApiResult<Vec<u32>>>()?;
-        Ok(RequestParams {
+        // Out-of-range floats become NaN or infinity here and fail the engine's range checks.
+        let f = |v: Option<f64>, default: f32| v.map_or(default, |x| x as f32);
+        let params = RequestParams {
             sampling: SamplingParams {
-                temperature,
-                top_p,
+                temperature: f(self.temperature, 1.0),
+                top_p: f(self.top_p, 1.0),
                 top_k,
-                min_p,
-                presence_penalty,
-                frequency_penalty,
-                repetition_penalty,
+                min_p: f(self.min_p, 0.0),
+                presence_penalty: f(self.presence_penalty, 0.0),
+                frequency_penalty: f(self.frequency_penalty, 0.0),
+                repetition_penalty: f(self.repetition_penalty, 1.0),
                 logit_bias,
                 seed: self.seed.map(|s| s as u64),
             },
@@ -250,7 +228,11 @@ impl Common {
             prompt_logprobs: None,
             cache_salt: self.cache_salt.clone(),
             structured: None,
-        })
+        };
+        // The cheap rules now, before a prompt is rendered and tokenized; the engine applies
+        // the same function again (with the prompt) when the request is submitted.
+        validate_params(&params, info).map_err(|e| ApiError::from_param(e, prompt_param))?;
+        Ok(params)
     }
 
     /// `max_completion_tokens` (the newer name) or `max_tokens`; default: what the context has left.
@@ -319,6 +301,10 @@ pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>, max: usize) -> Ap
 mod tests {
     use super::*;
 
+    fn info() -> ModelInfo {
+        ModelInfo { vocab_size: 128, valid_vocab: 100, eos_token_ids: vec![0] }
+    }
+
     #[test]
     fn bad_values_name_their_parameter() {
         let bad = |body: &str| {
@@ -327,7 +313,7 @@ mod tests {
                 Ok(req) => req,
                 Err(e) => return e,
             };
-            req.common.to_params(100).err().unwrap_or_else(|| ApiError::internal("accepted"))
+            req.common.to_params(&info(), "messages").err().unwrap_or_else(|| ApiError::internal("accepted"))
         };
         assert_eq!(bad(r#"{"messages":[],"temperature":"hot"}"#).param.as_deref(), Some("temperature"));
         assert_eq!(bad(r#"{"messages":[],"temperature":3}"#).param.as_deref(), Some("temperature"));
@@ -349,7 +335,7 @@ mod tests {
                 "min_p":0.1,"repetition_penalty":1.1,"stop":"x","best_of":1,"seed":3,"logit_bias":{"7":-100}}"#,
         )
         .unwrap();
-        let p = r.common.to_params(100).unwrap();
+        let p = r.common.to_params(&info(), "messages").unwrap();
         assert_eq!(p.sampling.top_k, 5);
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(p.sampling.logit_bias, vec![(7, -100.0)]);

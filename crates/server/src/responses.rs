@@ -7,10 +7,9 @@
 //! constraints, tool parsing and reasoning split. Output comes back as typed items (`reasoning`,
 //! `message`, `function_call`), streamed as the API's typed events.
 
-use std::time::Instant;
-
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::{FinishReason, SampleOutput};
@@ -18,15 +17,17 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::{prepare, PreparedChat};
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, log_request, respond, sse, submit, Formatter, StreamCtx};
-use crate::output::{new_id, now_unix, Timer};
+use crate::generation::{collect, respond, sse, submit, Formatter, StreamCtx};
+use crate::output::{new_id, now_unix, Outcome, Timer};
 use crate::protocol::{parse_request, ChatRequest};
 use crate::reasoning::{ReasoningSplit, Split};
+use crate::request_span::Arrival;
 use crate::state::SharedState;
 use crate::tools::{extract, ToolCall, ToolStream};
 
-pub async fn responses(State(state): State<SharedState>, body: Bytes) -> Response {
-    respond(&state, run(&state, &body).await)
+pub async fn responses(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrival = Arrival::new(&state, &headers);
+    respond(&state, run(&state, arrival, &body).await)
 }
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
@@ -321,8 +322,7 @@ fn call_item(call: &ToolCall, status: &str, arguments: &str) -> Value {
         "name": call.name, "arguments": arguments, "status": status})
 }
 
-async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
-    let arrival = Instant::now();
+async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
     let model = state.model()?;
     let request = crate::protocol::body_object(body)?;
     let req = to_chat(&request)?;
@@ -333,7 +333,8 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let id = new_id("resp");
     let prompt_len = prompt.len();
     let mut jobs = submit(&model, &id, vec![prompt], &params, "input", &mut guard)?;
-    let mut timer = Timer::new(arrival, 1);
+    let mut timer = Timer::new(&arrival, 1);
+    timer.trace(&arrival, &id, &params, &state.cfg.served_model_name);
     let env = Envelope { id: id.clone(), created: now_unix(), model: state.cfg.served_model_name.clone(), request };
     if stream {
         let ctx = StreamCtx {
@@ -382,8 +383,15 @@ async fn run(state: &SharedState, body: &[u8]) -> ApiResult<Response> {
     let u = usage(prompt_len, c.token_ids.len(), c.cached_tokens, reasoning_tokens);
     let status = if incomplete { "incomplete" } else { "completed" };
     let reason = if incomplete { "length" } else { "stop" };
-    state.metrics.finished(reason, timer.elapsed());
-    log_request(&id, prompt_len, c.token_ids.len(), c.cached_tokens, &timer, reason);
+    let outcome = Outcome {
+        id: &id,
+        prompt_tokens: prompt_len,
+        completion_tokens: c.token_ids.len(),
+        cached_tokens: c.cached_tokens,
+        sequences: 1,
+        reason,
+    };
+    timer.finish(&state.metrics, outcome);
     Ok(Json(env.object(status, output, Some(u), incomplete)).into_response())
 }
 

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
     /// Test-only routes (`POST /debug/workers/{i}/fault`): never on in production.
     pub test_hooks: bool,
+    /// Export an OpenTelemetry span per request (`--otlp-traces-endpoint`; the binary installs
+    /// the exporter).
+    pub otlp_traces: bool,
 }
 
 const LOADING: u8 = 0;

@@ -79,10 +79,14 @@ fn mutate(rng: &mut StdRng, body: &[u8]) -> Vec<u8> {
     b
 }
 
+fn info() -> flint_engine::ModelInfo {
+    flint_engine::ModelInfo { vocab_size: 151_936, valid_vocab: 151_643, eos_token_ids: vec![151_643] }
+}
+
 /// Everything the chat handler does to a body before rendering it.
 fn chat(body: &[u8]) -> Result<(), ApiError> {
     let req: ChatRequest = parse_request(body)?;
-    let p = req.common.to_params(151_643)?;
+    let p = req.common.to_params(&info(), "messages")?;
     req.common.max_tokens(10, 4096, false)?;
     chat_logprobs(req.logprobs, req.top_logprobs, 20)?;
     prompt_logprobs(&req.common, 20)?;
@@ -96,7 +100,7 @@ fn chat(body: &[u8]) -> Result<(), ApiError> {
 /// Everything the completions handler does to a body before tokenizing it.
 fn completion(body: &[u8]) -> Result<(), ApiError> {
     let req: CompletionRequest = parse_request(body)?;
-    req.common.to_params(151_643)?;
+    req.common.to_params(&info(), "prompt")?;
     req.common.max_tokens(10, 4096, req.echo.unwrap_or(false))?;
     completion_logprobs(req.logprobs, 20)?;
     prompt_logprobs(&req.common, 20)?;

@@ -33,10 +33,16 @@ pub fn flint() -> Command {
 
 /// Start `flint serve --port 0 ARGS`, read the bound address from its log, wait until ready.
 pub async fn start(args: &[&str], dir: Option<tempfile::TempDir>) -> Server {
+    start_with_env(args, &[], dir).await
+}
+
+/// [`start`] with extra environment variables.
+pub async fn start_with_env(args: &[&str], env: &[(&str, &str)], dir: Option<tempfile::TempDir>) -> Server {
     let mut child = flint()
         .args(["serve", "--port", "0"])
         .args(args)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
