@@ -1,7 +1,7 @@
 //! `flint bench throughput`: offline throughput through the real engine (step thread, paged cache,
 //! scheduler), vLLM's `benchmark_throughput` in spirit: random prompts of a fixed length, EOS
 //! ignored so every request makes exactly `--output-len` tokens, all submitted at once.
-//! `--sweep` repeats that at concurrency 1, 2, 4, 8, 16, 32 and writes JSON and a PNG plot.
+//! `--sweep` repeats that at concurrency 1, 2, 4, 8, 16, 32 and writes JSON and an SVG plot.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine_args::EngineArgs;
-use crate::plot::{render_png, Chart, Series};
+use crate::plot::{render_svg, Chart, Series};
 
 #[derive(clap::Args)]
 pub struct ThroughputArgs {
@@ -39,7 +39,7 @@ pub struct ThroughputArgs {
     /// grammar completes, so choose one that runs for --output-len tokens to time decoding.
     #[arg(long)]
     structured_output: Option<String>,
-    /// Where --sweep writes throughput-sweep.json and throughput-sweep.png.
+    /// Where --sweep writes throughput-sweep.json and throughput-sweep.svg.
     #[arg(long, default_value = "bench-results")]
     out_dir: PathBuf,
     #[command(flatten)]
@@ -141,9 +141,9 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
             },
         ],
     };
-    let png_path = a.out_dir.join("throughput-sweep.png");
-    std::fs::write(&png_path, render_png(&chart)).with_context(|| format!("writing {}", png_path.display()))?;
-    eprintln!("wrote {} and {}", json_path.display(), png_path.display());
+    let svg_path = a.out_dir.join("throughput-sweep.svg");
+    std::fs::write(&svg_path, render_svg(&chart)?).with_context(|| format!("writing {}", svg_path.display()))?;
+    eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
     Ok(())
 }
 

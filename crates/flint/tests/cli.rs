@@ -317,8 +317,8 @@ fn bench_throughput_and_sweep_on_the_demo_model() {
         assert_eq!(l["num_prompts"], l["concurrency"]);
         assert!(l["output_tokens_per_s"].as_f64().unwrap() > 0.0, "{l}");
     }
-    let png = std::fs::read(dir.join("throughput-sweep.png")).unwrap();
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let svg = std::fs::read_to_string(dir.join("throughput-sweep.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("decode-phase tok/s") && svg.contains("<polyline"), "{svg}");
 
     let o = flint(&["bench", "throughput", "--input-len", "0"]);
     assert_one_line_error(&o, &["--input-len"]);
