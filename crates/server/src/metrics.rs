@@ -296,6 +296,9 @@ fn render_masks(out: &mut String, h: &MaskHistogram, labels: &str) {
 }
 
 #[cfg(test)]
+mod fixture;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
