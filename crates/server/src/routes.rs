@@ -157,8 +157,8 @@ async fn metrics(State(state): State<SharedState>) -> Response {
     let model = state.model_for_shutdown().ok();
     let stats = model.as_ref().map(|m| m.router.stats()).unwrap_or_default();
     let workers = model.as_ref().map(|m| m.router.workers()).unwrap_or_default();
-    let text = state.metrics.render(&stats, &workers, model.as_ref().map(|m| &m.cache));
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    let text = state.metrics.render(stats, workers, model.as_ref().map(|m| m.cache.clone()));
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]
