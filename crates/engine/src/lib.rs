@@ -26,6 +26,8 @@ pub mod validation;
 pub use engine::{Engine, EngineStats, EngineThread, EventStream};
 pub use engine_core::{EngineCore, ModelInfo};
 pub use error::EngineError;
+/// Progress of long work (the model crate's), for the server's loading status.
+pub use flint_model::progress;
 pub use generate::{generate, GenerateOutcome, GenerateRequest};
 pub use launch::{build_core, draft_kv_dtype, load_draft, plan, same_vocabulary, CacheInfo, EngineConfig, PoolPlan};
 pub use loader::LoadedModel;

@@ -181,6 +181,7 @@ fn run_level(
     let mut first: Vec<Option<f64>> = vec![None; n];
     let mut open: Vec<bool> = vec![true; n];
     let mut arrivals: Vec<(f64, usize)> = Vec::new();
+    let progress = flint_model::progress::task(&format!("concurrency {concurrency}"), "requests", n as u64);
     while open.iter().any(|&o| o) {
         let mut idle = true;
         for (i, s) in streams.iter_mut().enumerate() {
@@ -197,13 +198,17 @@ fn run_level(
                 }
                 Ok(Some(EngineEvent::Error(e) | EngineEvent::Stopped(e))) => bail!("request {} failed: {e}", s.id()),
                 Ok(None) => {}
-                Err(()) => open[i] = false,
+                Err(()) => {
+                    open[i] = false;
+                    progress.inc(1);
+                }
             }
         }
         if idle {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
+    drop(progress);
     ttft_sum += first.iter().map(|f| f.unwrap_or(0.0)).sum::<f64>();
     let elapsed = t0.elapsed().as_secs_f64();
     let all_started = first.iter().map(|f| f.unwrap_or(0.0)).fold(0.0, f64::max);

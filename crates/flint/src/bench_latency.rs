@@ -151,6 +151,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             prefill = Some(secs);
         }
         let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        let progress = flint_model::progress::task(&format!("depth {depth}"), "repetitions", a.reps as u64);
         for _ in 0..a.reps {
             // pp: the prompt in one step after the cached context; only the prefill is timed.
             let mut p = context.clone();
@@ -162,7 +163,9 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             p.extend(prompt(1));
             let (first, rest, n) = run_request(&mut core, p, a.gen_len)?;
             tg.push(n as f64 / (first + rest));
+            progress.inc(1);
         }
+        drop(progress);
         let (pm, ps) = mean_sd(&pp);
         let (tm, ts) = mean_sd(&tg);
         println!("| {name} | pp{}{at} | {pm:.2} ± {ps:.2} |", a.prompt_len);

@@ -230,9 +230,13 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         }));
     }
     let mut outcomes = Vec::with_capacity(tasks.len());
+    // Counted in submission order: a lower bound on how many have finished.
+    let progress = flint_model::progress::task("benchmark", "requests", tasks.len() as u64);
     for t in tasks {
         outcomes.push(t.await.unwrap_or_else(|e| Outcome { error: e.to_string(), ..Default::default() }));
+        progress.inc(1);
     }
+    drop(progress);
     let duration = t0.elapsed().as_secs_f64();
     let spec = match (spec_before, spec_metrics(&client, &base, key.as_deref()).await) {
         (Some(b), Some(e)) => Some(e.since(&b)),

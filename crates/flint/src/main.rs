@@ -8,6 +8,7 @@ mod bench_serve;
 mod engine_args;
 mod inspect;
 mod plot;
+mod progress;
 mod serve;
 mod telemetry;
 mod workers;
@@ -159,6 +160,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    progress::install();
     if let Some(n) = cli.threads {
         flint_model::kernels::pool::set_threads(n as usize);
     }

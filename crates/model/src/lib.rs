@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod kv_dtype;
 pub mod linear;
 pub mod paged_cache;
+pub mod progress;
 pub mod qwen2;
 pub mod rope;
 pub mod scripted;

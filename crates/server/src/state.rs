@@ -52,6 +52,14 @@ pub struct ServerConfig {
     pub otlp_traces: bool,
 }
 
+/// The 503 while the model loads says how far loading is (`loading weights: 12/28 layers (42%)`).
+fn loading_message() -> String {
+    match flint_engine::progress::current() {
+        Some(p) => format!("The model is still loading ({p})."),
+        None => "The model is still loading.".to_string(),
+    }
+}
+
 const LOADING: u8 = 0;
 const READY: u8 = 1;
 const FAILED: u8 = 2;
@@ -122,14 +130,14 @@ impl AppState {
     pub fn model(&self) -> Result<Arc<ServingModel>, ApiError> {
         match self.status.load(Ordering::SeqCst) {
             READY => {}
-            LOADING => return Err(ApiError::unavailable("The model is still loading.")),
+            LOADING => return Err(ApiError::unavailable(loading_message())),
             SHUTTING_DOWN => return Err(ApiError::unavailable("The server is shutting down.")),
             _ => {
                 let why = self.load_error.get().map_or("unknown error", String::as_str);
                 return Err(ApiError::unavailable(format!("The model failed to load: {why}")));
             }
         }
-        let m = self.model.get().cloned().ok_or_else(|| ApiError::unavailable("The model is still loading."))?;
+        let m = self.model.get().cloned().ok_or_else(|| ApiError::unavailable(loading_message()))?;
         if !m.router.is_healthy() {
             return Err(ApiError::unavailable("No worker is running: every engine has stopped."));
         }
