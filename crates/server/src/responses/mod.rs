@@ -15,8 +15,12 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::FinishReason;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+use crate::api_types::responses::{
+    ContentPart, IncompleteDetails, OutputItem, ReasoningConfig, ReasoningContent, ResponseObject, ResponseUsage,
+};
+use crate::api_types::Null;
 use crate::chat::{prepare, PreparedChat};
 use crate::error::ApiResult;
 use crate::generation::{collect, respond, sse, submit, StreamCtx};
@@ -33,70 +37,103 @@ pub async fn responses(State(state): State<SharedState>, headers: HeaderMap, bod
     respond(&state, run(&state, arrival, &body).await)
 }
 
-/// The response object, at creation (`in_progress`, no output) or at the end.
+/// What every response object of a request shares: its id and the request's settings, echoed
+/// as the client sent them or as their defaults.
 struct Envelope {
     id: String,
     created: u64,
     model: String,
-    request: Value,
+    instructions: Value,
+    max_output_tokens: Value,
+    temperature: Value,
+    top_p: Value,
+    tools: Value,
+    tool_choice: Value,
+    parallel_tool_calls: Value,
+    text: Value,
+    metadata: Value,
 }
 
 impl Envelope {
-    fn object(&self, status: &str, output: Vec<Value>, usage: Option<Value>, incomplete: bool) -> Value {
-        let r = &self.request;
-        let get = |k: &str| r.get(k).cloned().unwrap_or(Value::Null);
-        json!({
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "status": status,
-            "model": self.model,
-            "output": output,
-            "error": null,
-            "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
-            "instructions": get("instructions"),
-            "max_output_tokens": get("max_output_tokens"),
-            "temperature": r.get("temperature").cloned().unwrap_or(json!(1.0)),
-            "top_p": r.get("top_p").cloned().unwrap_or(json!(1.0)),
-            "tools": r.get("tools").cloned().unwrap_or(json!([])),
-            "tool_choice": r.get("tool_choice").cloned().unwrap_or(json!("auto")),
-            "parallel_tool_calls": r.get("parallel_tool_calls").cloned().unwrap_or(json!(true)),
-            "text": r.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
-            "reasoning": {"effort": null, "summary": null},
-            "store": false,
-            "previous_response_id": null,
-            "truncation": "disabled",
-            "metadata": r.get("metadata").cloned().unwrap_or(json!({})),
-            "usage": usage,
-        })
+    fn new(id: String, created: u64, model: String, request: &Value) -> Self {
+        let get = |k: &str, default: Value| request.get(k).cloned().unwrap_or(default);
+        Self {
+            id,
+            created,
+            model,
+            instructions: get("instructions", Value::Null),
+            max_output_tokens: get("max_output_tokens", Value::Null),
+            temperature: get("temperature", Value::from(1.0)),
+            top_p: get("top_p", Value::from(1.0)),
+            tools: get("tools", Value::Array(Vec::new())),
+            tool_choice: get("tool_choice", Value::from("auto")),
+            parallel_tool_calls: get("parallel_tool_calls", Value::Bool(true)),
+            text: get("text", json!({"format": {"type": "text"}})),
+            metadata: get("metadata", Value::Object(Map::new())),
+        }
+    }
+
+    /// The response object, at creation (`in_progress`, no output) or at the end (`completed`,
+    /// or `incomplete` when it ran out of `max_output_tokens`).
+    fn object<'a>(
+        &'a self,
+        status: &'static str,
+        output: &'a [OutputItem],
+        usage: Option<ResponseUsage>,
+    ) -> ResponseObject<'a> {
+        ResponseObject {
+            id: &self.id,
+            object: "response",
+            created_at: self.created,
+            status,
+            model: &self.model,
+            output,
+            error: Null,
+            incomplete_details: (status == "incomplete").then_some(IncompleteDetails { reason: "max_output_tokens" }),
+            instructions: &self.instructions,
+            max_output_tokens: &self.max_output_tokens,
+            temperature: &self.temperature,
+            top_p: &self.top_p,
+            tools: &self.tools,
+            tool_choice: &self.tool_choice,
+            parallel_tool_calls: &self.parallel_tool_calls,
+            text: &self.text,
+            reasoning: ReasoningConfig::default(),
+            store: false,
+            previous_response_id: Null,
+            truncation: "disabled",
+            metadata: &self.metadata,
+            usage,
+        }
     }
 }
 
-fn usage(prompt: usize, output: usize, cached: usize, reasoning: usize) -> Value {
-    json!({
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": prompt + output,
-    })
+fn reasoning_item(id: &str, text: &str) -> OutputItem {
+    OutputItem::Reasoning {
+        id: id.to_string(),
+        summary: [],
+        content: vec![ReasoningContent::ReasoningText { text: text.to_string() }],
+        status: "completed",
+    }
 }
 
-fn reasoning_item(id: &str, text: &str) -> Value {
-    json!({"type": "reasoning", "id": id, "summary": [], "content": [{"type": "reasoning_text", "text": text}], "status": "completed"})
+fn message_item(id: &str, text: &str, status: &'static str) -> OutputItem {
+    OutputItem::Message { id: id.to_string(), status, role: "assistant", content: vec![ContentPart::text(text)] }
 }
 
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+/// A function call item's own id, after its call's.
+fn call_item_id(call: &ToolCall) -> String {
+    format!("fc_{}", call.id.trim_start_matches("call_"))
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": [text_part(text)]})
-}
-
-fn call_item(call: &ToolCall, status: &str, arguments: &str) -> Value {
-    json!({"type": "function_call", "id": format!("fc_{}", call.id.trim_start_matches("call_")), "call_id": call.id,
-        "name": call.name, "arguments": arguments, "status": status})
+fn call_item(call: &ToolCall, status: &'static str, arguments: &str) -> OutputItem {
+    OutputItem::FunctionCall {
+        id: call_item_id(call),
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        arguments: arguments.to_string(),
+        status,
+    }
 }
 
 async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
@@ -112,7 +149,7 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
     let mut jobs = submit(&model, &id, vec![prompt], &params, "input", &mut guard)?;
     let mut timer = Timer::new(&arrival, 1);
     timer.trace(&arrival, &id, &params, &state.cfg.served_model_name);
-    let env = Envelope { id: id.clone(), created: now_unix(), model: state.cfg.served_model_name.clone(), request };
+    let env = Envelope::new(id.clone(), now_unix(), state.cfg.served_model_name.clone(), &request);
     if stream {
         let ctx = StreamCtx {
             state: state.clone(),
@@ -146,7 +183,7 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
     }
     output.extend(calls.iter().map(|call| call_item(call, "completed", &call.arguments)));
     let incomplete = c.finished.as_ref().is_some_and(|f| f.reason == FinishReason::Length);
-    let u = usage(prompt_len, c.token_ids.len(), c.cached_tokens, reasoning_tokens);
+    let usage = ResponseUsage::new(prompt_len, c.token_ids.len(), c.cached_tokens, reasoning_tokens);
     let status = if incomplete { "incomplete" } else { "completed" };
     let reason = if incomplete { "length" } else { "stop" };
     let outcome = Outcome {
@@ -158,5 +195,5 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
         reason,
     };
     timer.finish(&state.metrics, outcome);
-    Ok(Json(env.object(status, output, Some(u), incomplete)).into_response())
+    Ok(Json(env.object(status, &output, Some(usage))).into_response())
 }

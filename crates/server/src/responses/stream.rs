@@ -5,11 +5,16 @@
 //! has no `[DONE]`.
 
 use flint_engine::{FinishReason, SampleOutput};
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use super::{call_item, message_item, reasoning_item, text_part, usage, Envelope};
+use super::{call_item, call_item_id, message_item, reasoning_item, Envelope};
+use crate::api_types::responses::{
+    ArgumentsDelta, ArgumentsDone, ContentPart, ContentPartEvent, ErrorEvent, ItemEvent, OutputItem, ReasoningDelta,
+    ReasoningDone, ResponseEvent, ResponseState, ResponseUsage, TextDelta, TextDone,
+};
+use crate::api_types::Usage;
 use crate::error::ApiError;
-use crate::generation::{Formatter, StreamCtx};
+use crate::generation::{Chunk, Formatter, StreamCtx};
 use crate::output::new_id;
 use crate::reasoning::{ReasoningSplit, Split};
 use crate::tools::{ToolCall, ToolStream};
@@ -30,10 +35,17 @@ pub(super) struct ResponsesStream {
     tools: ToolStream,
     open: Open,
     /// Finished output items, in order.
-    output: Vec<Value>,
+    output: Vec<OutputItem>,
     completion: usize,
     cached: usize,
     finish: Option<FinishReason>,
+}
+
+/// The next event: `body`, typed `kind`, numbered `seq` (which moves on).
+fn event(seq: &mut u64, kind: &'static str, body: impl Serialize) -> Chunk {
+    let e = ResponseEvent { body, kind, sequence_number: *seq };
+    *seq += 1;
+    Chunk::named(kind, &e)
 }
 
 impl ResponsesStream {
@@ -52,11 +64,8 @@ impl ResponsesStream {
         }
     }
 
-    fn ev(&mut self, kind: &str, mut body: Value) -> Value {
-        body["type"] = json!(kind);
-        body["sequence_number"] = json!(self.seq);
-        self.seq += 1;
-        body
+    fn ev(&mut self, kind: &'static str, body: impl Serialize) -> Chunk {
+        event(&mut self.seq, kind, body)
     }
 
     fn index(&self) -> usize {
@@ -64,122 +73,97 @@ impl ResponsesStream {
     }
 
     /// Close the open item: its `done` events, and it joins the output.
-    fn close(&mut self, out: &mut Vec<Value>) {
+    fn close(&mut self, out: &mut Vec<Chunk>) {
         let i = self.index();
-        match std::mem::replace(&mut self.open, Open::None) {
-            Open::None => {}
+        let item = match std::mem::replace(&mut self.open, Open::None) {
+            Open::None => return,
             Open::Reasoning { id, text } => {
-                let e = self.ev(
-                    "response.reasoning_text.done",
-                    json!({"item_id": id, "output_index": i, "content_index": 0, "text": text}),
-                );
-                out.push(e);
-                let item = reasoning_item(&id, &text);
-                let e = self.ev("response.output_item.done", json!({"output_index": i, "item": item}));
-                out.push(e);
-                self.output.push(item);
+                let done = ReasoningDone { item_id: &id, output_index: i, content_index: 0, text: &text };
+                out.push(self.ev("response.reasoning_text.done", done));
+                reasoning_item(&id, &text)
             }
             Open::Message { id, text } => {
-                let e = self.ev(
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []}),
-                );
-                out.push(e);
-                let e = self.ev(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part(&text)}),
-                );
-                out.push(e);
-                let item = message_item(&id, &text, "completed");
-                let e = self.ev("response.output_item.done", json!({"output_index": i, "item": item}));
-                out.push(e);
-                self.output.push(item);
+                let done = TextDone { item_id: &id, output_index: i, content_index: 0, text: &text, logprobs: [] };
+                out.push(self.ev("response.output_text.done", done));
+                let part = ContentPartEvent {
+                    item_id: &id,
+                    output_index: i,
+                    content_index: 0,
+                    part: ContentPart::text(&text),
+                };
+                out.push(self.ev("response.content_part.done", part));
+                message_item(&id, &text, "completed")
             }
-        }
+        };
+        out.push(self.ev("response.output_item.done", ItemEvent { output_index: i, item: &item }));
+        self.output.push(item);
     }
 
-    fn reasoning_delta(&mut self, delta: &str, out: &mut Vec<Value>) {
+    fn reasoning_delta(&mut self, delta: &str, out: &mut Vec<Chunk>) {
         if !matches!(self.open, Open::Reasoning { .. }) {
             self.close(out);
             let id = new_id("rs");
-            let item = json!({"type": "reasoning", "id": id, "summary": [], "content": [], "status": "in_progress"});
-            let e = self.ev("response.output_item.added", json!({"output_index": self.index(), "item": item}));
-            out.push(e);
+            let item =
+                OutputItem::Reasoning { id: id.clone(), summary: [], content: Vec::new(), status: "in_progress" };
+            out.push(self.ev("response.output_item.added", ItemEvent { output_index: self.index(), item: &item }));
             self.open = Open::Reasoning { id, text: String::new() };
         }
         let i = self.index();
         if let Open::Reasoning { id, text } = &mut self.open {
             text.push_str(delta);
             let id = id.clone();
-            let e = self.ev(
-                "response.reasoning_text.delta",
-                json!({"item_id": id, "output_index": i, "content_index": 0, "delta": delta}),
-            );
-            out.push(e);
+            let e = ReasoningDelta { item_id: &id, output_index: i, content_index: 0, delta };
+            out.push(self.ev("response.reasoning_text.delta", e));
         }
     }
 
-    fn text_delta(&mut self, delta: &str, out: &mut Vec<Value>) {
+    fn text_delta(&mut self, delta: &str, out: &mut Vec<Chunk>) {
         if !matches!(self.open, Open::Message { .. }) {
             self.close(out);
             let id = new_id("msg");
             let item =
-                json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
+                OutputItem::Message { id: id.clone(), status: "in_progress", role: "assistant", content: Vec::new() };
             let i = self.index();
-            let e = self.ev("response.output_item.added", json!({"output_index": i, "item": item}));
-            out.push(e);
-            let e = self.ev(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part("")}),
-            );
-            out.push(e);
+            out.push(self.ev("response.output_item.added", ItemEvent { output_index: i, item: &item }));
+            let part =
+                ContentPartEvent { item_id: &id, output_index: i, content_index: 0, part: ContentPart::text("") };
+            out.push(self.ev("response.content_part.added", part));
             self.open = Open::Message { id, text: String::new() };
         }
         let i = self.index();
         if let Open::Message { id, text } = &mut self.open {
             text.push_str(delta);
             let id = id.clone();
-            let e = self.ev(
-                "response.output_text.delta",
-                json!({"item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": []}),
-            );
-            out.push(e);
+            let e = TextDelta { item_id: &id, output_index: i, content_index: 0, delta, logprobs: [] };
+            out.push(self.ev("response.output_text.delta", e));
         }
     }
 
-    fn call(&mut self, call: &ToolCall, out: &mut Vec<Value>) {
+    fn call(&mut self, call: &ToolCall, out: &mut Vec<Chunk>) {
         self.close(out);
         let i = self.index();
         let added = call_item(call, "in_progress", "");
-        let item_id = added["id"].clone();
-        let e = self.ev("response.output_item.added", json!({"output_index": i, "item": added}));
-        out.push(e);
-        let e = self.ev(
-            "response.function_call_arguments.delta",
-            json!({"item_id": item_id, "output_index": i, "delta": call.arguments}),
-        );
-        out.push(e);
-        let e = self.ev(
-            "response.function_call_arguments.done",
-            json!({"item_id": item_id, "output_index": i, "arguments": call.arguments}),
-        );
-        out.push(e);
+        let item_id = call_item_id(call);
+        out.push(self.ev("response.output_item.added", ItemEvent { output_index: i, item: &added }));
+        let delta = ArgumentsDelta { item_id: &item_id, output_index: i, delta: &call.arguments };
+        out.push(self.ev("response.function_call_arguments.delta", delta));
+        let done = ArgumentsDone { item_id: &item_id, output_index: i, arguments: &call.arguments };
+        out.push(self.ev("response.function_call_arguments.done", done));
         let item = call_item(call, "completed", &call.arguments);
-        let e = self.ev("response.output_item.done", json!({"output_index": i, "item": item}));
-        out.push(e);
+        out.push(self.ev("response.output_item.done", ItemEvent { output_index: i, item: &item }));
         self.output.push(item);
     }
 }
 
 impl Formatter for ResponsesStream {
-    fn prelude(&mut self, _ctx: &StreamCtx) -> Vec<Value> {
-        let r = self.env.object("in_progress", Vec::new(), None, false);
-        let created = self.ev("response.created", json!({"response": r}));
-        let progress = self.ev("response.in_progress", json!({"response": r}));
+    fn prelude(&mut self, _ctx: &StreamCtx) -> Vec<Chunk> {
+        let response = self.env.object("in_progress", &[], None);
+        let created = event(&mut self.seq, "response.created", ResponseState { response: response.clone() });
+        let progress = event(&mut self.seq, "response.in_progress", ResponseState { response });
         vec![created, progress]
     }
 
-    fn on_output(&mut self, ctx: &StreamCtx, _job: usize, o: SampleOutput) -> Vec<Value> {
+    fn on_output(&mut self, ctx: &StreamCtx, _job: usize, o: SampleOutput) -> Vec<Chunk> {
         self.completion += o.token_ids.len();
         self.cached = o.cached_tokens;
         let mut out = Vec::new();
@@ -220,25 +204,21 @@ impl Formatter for ResponsesStream {
         (self.completion, self.cached, reason)
     }
 
-    fn epilogue(&mut self, ctx: &StreamCtx, _usage: &Value) -> Vec<Value> {
+    fn epilogue(&mut self, ctx: &StreamCtx, _usage: &Usage) -> Vec<Chunk> {
         let incomplete = self.finish == Some(FinishReason::Length);
         let reasoning = self.reasoning.as_ref().map_or(0, ReasoningSplit::reasoning_tokens);
-        let u = usage(ctx.prompt_tokens, self.completion, self.cached, reasoning);
+        let usage = ResponseUsage::new(ctx.prompt_tokens, self.completion, self.cached, reasoning);
         let (status, kind) =
             if incomplete { ("incomplete", "response.incomplete") } else { ("completed", "response.completed") };
-        let r = self.env.object(status, self.output.clone(), Some(u), incomplete);
-        vec![self.ev(kind, json!({"response": r}))]
+        let response = self.env.object(status, &self.output, Some(usage));
+        vec![event(&mut self.seq, kind, ResponseState { response })]
     }
 
     fn done_marker(&self) -> bool {
         false
     }
 
-    fn event_name(&self, chunk: &Value) -> Option<String> {
-        chunk.get("type").and_then(Value::as_str).map(str::to_string)
-    }
-
-    fn error_event(&mut self, e: &ApiError) -> Value {
-        self.ev("error", json!({"code": e.code, "message": e.message, "param": e.param}))
+    fn error_event(&mut self, e: &ApiError) -> Chunk {
+        self.ev("error", ErrorEvent { code: e.code, message: &e.message, param: e.param.as_deref() })
     }
 }
