@@ -11,11 +11,12 @@ use axum::Json;
 use flint_engine::SampleOutput;
 use serde_json::{json, Value};
 
+use crate::api_types::chat::{ChatChoice, ChatChunkChoice, ChatCompletion, ChatDelta, ChatMessage, Reasoning};
+use crate::api_types::Usage;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, respond, sse, submit, Formatter, StreamCtx};
+use crate::generation::{collect, respond, sse, submit, Chunk, Formatter, StreamCtx};
 use crate::output::{
-    chat_logprob, finish_reason, new_id, now_unix, stop_reason, usage, vllm_prompt_logprobs, with_reasoning, Outcome,
-    Timer,
+    chat_token_logprobs, finish_reason, new_id, now_unix, stop_reason, vllm_prompt_logprobs, Outcome, Timer,
 };
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
@@ -310,28 +311,22 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
             .clone()
             .unwrap_or(flint_engine::Finished { reason: flint_engine::FinishReason::Error, stop: None });
         let (content, calls) = if parse_tools { extract(&text, &id, i) } else { (Some(text), Vec::new()) };
-        let mut message = json!({"role": "assistant", "content": content});
-        if reasoning.is_some() {
-            message["reasoning"] = json!(thought);
-            message["reasoning_content"] = json!(thought);
-        }
-        if !calls.is_empty() {
-            message["tool_calls"] = Value::Array(calls.iter().map(|c| c.to_json(None)).collect());
-        }
         let reason = finish_reason(&fin, !calls.is_empty());
         if i == 0 {
             reason0 = reason;
         }
-        let logprobs = params.logprobs.map(
-            |_| json!({"content": c.logprobs.iter().map(|lp| chat_logprob(&model.tokenizer, lp)).collect::<Vec<_>>()}),
-        );
-        out.push(json!({
-            "index": i,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": reason,
-            "stop_reason": stop_reason(&fin, eos),
-        }));
+        out.push(ChatChoice {
+            index: i,
+            message: ChatMessage {
+                role: "assistant",
+                content,
+                reasoning: reasoning.map(|_| Reasoning::new(thought)),
+                tool_calls: calls.iter().map(|c| c.to_chat(None)).collect(),
+            },
+            logprobs: params.logprobs.map(|_| chat_token_logprobs(&model.tokenizer, &c.logprobs)),
+            finish_reason: reason,
+            stop_reason: stop_reason(&fin, eos),
+        });
     }
     let cached = choices.first().map_or(0, |c| c.cached_tokens);
     let outcome = Outcome {
@@ -343,18 +338,19 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
         reason: reason0,
     };
     timer.finish(&state.metrics, outcome);
-    let mut body = json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": state.cfg.served_model_name,
-        "choices": out,
-        "usage": with_reasoning(usage(prompt_len, completion, cached), reasoning.map(|_| reasoning_tokens)),
-    });
-    if let Some(k) = params.prompt_logprobs {
+    let prompt_logprobs = params.prompt_logprobs.map(|k| {
         let plps = choices.first().and_then(|c| c.prompt_logprobs.as_ref());
-        body["prompt_logprobs"] = vllm_prompt_logprobs(&model.tokenizer, &prompt, plps, k);
-    }
+        vllm_prompt_logprobs(&model.tokenizer, &prompt, plps, k)
+    });
+    let body = ChatCompletion {
+        id: &id,
+        object: "chat.completion",
+        created,
+        model: &state.cfg.served_model_name,
+        choices: out,
+        usage: Usage::new(prompt_len, completion, cached).with_reasoning(reasoning.map(|_| reasoning_tokens)),
+        prompt_logprobs,
+    };
     Ok(Json(body).into_response())
 }
 
@@ -373,23 +369,17 @@ struct ChatStream {
     choices: Vec<ChoiceState>,
 }
 
-fn chunk(ctx: &StreamCtx, choice: Value) -> Value {
-    ctx.chunk(vec![choice])
+fn chunk(ctx: &StreamCtx, choice: ChatChunkChoice) -> Chunk {
+    Chunk::new(&ctx.chunk(vec![choice]))
 }
 
 impl Formatter for ChatStream {
-    fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Value> {
-        (0..ctx.n)
-            .map(|i| {
-                chunk(
-                    ctx,
-                    json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
-                )
-            })
-            .collect()
+    fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Chunk> {
+        let role = || ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
+        (0..ctx.n).map(|i| chunk(ctx, ChatChunkChoice::delta(i, role()))).collect()
     }
 
-    fn on_output(&mut self, ctx: &StreamCtx, _job: usize, o: SampleOutput) -> Vec<Value> {
+    fn on_output(&mut self, ctx: &StreamCtx, _job: usize, o: SampleOutput) -> Vec<Chunk> {
         let Some(st) = self.choices.get_mut(o.index) else { return Vec::new() };
         st.completion += o.token_ids.len();
         st.cached = o.cached_tokens;
@@ -408,21 +398,15 @@ impl Formatter for ChatStream {
         }
         let mut out = Vec::new();
         if !thought.is_empty() {
-            out.push(chunk(
-                ctx,
-                json!({"index": o.index, "delta": {"reasoning": thought, "reasoning_content": thought}, "logprobs": null, "finish_reason": null}),
-            ));
+            let delta = ChatDelta { reasoning: Some(Reasoning::new(Some(thought))), ..Default::default() };
+            out.push(chunk(ctx, ChatChunkChoice::delta(o.index, delta)));
         }
-        let logprobs = (self.logprobs && !o.logprobs.is_empty()).then(|| {
-            json!({"content": o.logprobs.iter().map(|lp| chat_logprob(&ctx.model.tokenizer, lp)).collect::<Vec<_>>()})
-        });
+        let logprobs =
+            (self.logprobs && !o.logprobs.is_empty()).then(|| chat_token_logprobs(&ctx.model.tokenizer, &o.logprobs));
         if !calls.is_empty() {
             let base = st.tools.num_calls() - calls.len();
-            let deltas: Vec<Value> = calls.iter().enumerate().map(|(k, c)| c.to_json(Some(base + k))).collect();
-            out.push(chunk(
-                ctx,
-                json!({"index": o.index, "delta": {"tool_calls": deltas}, "logprobs": null, "finish_reason": null}),
-            ));
+            let tool_calls = calls.iter().enumerate().map(|(k, c)| c.to_chat(Some(base + k))).collect();
+            out.push(chunk(ctx, ChatChunkChoice::delta(o.index, ChatDelta { tool_calls, ..Default::default() })));
         }
         let fin = o.finished.as_ref().map(|f| {
             let reason = finish_reason(f, st.tools.num_calls() > 0);
@@ -430,13 +414,17 @@ impl Formatter for ChatStream {
             (reason, stop_reason(f, &ctx.model.router.model_info().eos_token_ids))
         });
         if !content.is_empty() || logprobs.is_some() || fin.is_some() {
-            let delta = if content.is_empty() { json!({}) } else { json!({"content": content}) };
-            let mut choice = json!({"index": o.index, "delta": delta, "logprobs": logprobs, "finish_reason": null});
-            if let Some((reason, stop)) = fin {
-                choice["finish_reason"] = json!(reason);
-                choice["stop_reason"] = stop;
-            }
-            out.push(chunk(ctx, choice));
+            let delta = ChatDelta { content: Some(content).filter(|c| !c.is_empty()), ..Default::default() };
+            out.push(chunk(
+                ctx,
+                ChatChunkChoice {
+                    index: o.index,
+                    delta,
+                    logprobs,
+                    finish_reason: fin.as_ref().map(|f| f.0),
+                    stop_reason: fin.map(|f| f.1),
+                },
+            ));
         }
         out
     }

@@ -8,13 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flint_engine::sampler::TokenLogprobs;
 use flint_engine::SampleOutput;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::api_types::completion::{Completion, CompletionChoice, CompletionChunkChoice, CompletionLogprobs};
+use crate::api_types::Usage;
 use crate::chat::check_model;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{collect, respond, sse, submit, Formatter, StreamCtx};
-use crate::output::vllm_prompt_logprobs;
-use crate::output::{finish_reason, new_id, now_unix, stop_reason, usage, CompletionLogprobs, Outcome, Timer};
+use crate::generation::{collect, respond, sse, submit, Chunk, Formatter, StreamCtx};
+use crate::output::{finish_reason, new_id, now_unix, stop_reason, vllm_prompt_logprobs, Outcome, Timer};
 use crate::prompt_tokens::encode_bounded;
 use crate::protocol::{completion_logprobs, parse_request, prompt_logprobs, CompletionRequest};
 use crate::request_span::Arrival;
@@ -205,21 +206,21 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
         for (t, l) in c.token_ids.iter().zip(&c.logprobs) {
             offset = lp.push(&model.tokenizer, *t, Some(l), offset);
         }
-        let mut choice = json!({
-            "index": i,
-            "text": text,
-            "logprobs": params.logprobs.map(|_| lp.to_json()),
-            "finish_reason": finish_reason(&fin, false),
-            "stop_reason": stop_reason(&fin, eos),
-        });
-        if let Some(k) = prompt_lps {
+        let prompt_logprobs = prompt_lps.map(|k| {
             let plps = choices[i - i % n].prompt_logprobs.as_ref();
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(&model.tokenizer, prompt, plps, k);
-        }
-        out.push(choice);
+            vllm_prompt_logprobs(&model.tokenizer, prompt, plps, k)
+        });
+        out.push(CompletionChoice {
+            index: i,
+            text,
+            logprobs: params.logprobs.map(|_| lp),
+            finish_reason: finish_reason(&fin, false),
+            stop_reason: stop_reason(&fin, eos),
+            prompt_logprobs,
+        });
     }
     let cached = choices.iter().step_by(n).map(|c| c.cached_tokens).sum();
-    let reason = out.first().and_then(|c| c["finish_reason"].as_str()).map_or("stop", |r| match r {
+    let reason = out.first().map_or("stop", |c| match c.finish_reason {
         "length" => "length",
         "abort" => "abort",
         _ => "stop",
@@ -233,15 +234,15 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
         reason,
     };
     timer.finish(&state.metrics, outcome);
-    Ok(Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": state.cfg.served_model_name,
-        "choices": out,
-        "usage": usage(prompt_tokens, completion, cached),
-    }))
-    .into_response())
+    let body = Completion {
+        id: &id,
+        object: "text_completion",
+        created,
+        model: &state.cfg.served_model_name,
+        choices: out,
+        usage: Usage::new(prompt_tokens, completion, cached),
+    };
+    Ok(Json(body).into_response())
 }
 
 #[derive(Debug, Default, Clone)]
@@ -265,11 +266,11 @@ struct CompletionStream {
 }
 
 impl Formatter for CompletionStream {
-    fn prelude(&mut self, _ctx: &StreamCtx) -> Vec<Value> {
+    fn prelude(&mut self, _ctx: &StreamCtx) -> Vec<Chunk> {
         Vec::new()
     }
 
-    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value> {
+    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Chunk> {
         let idx = job * self.n + o.index;
         let (echo, logprobs) = (self.echo, self.logprobs);
         if let (Some(p), Some(slot)) = (&o.prompt_logprobs, self.prompt_logprobs.get_mut(job)) {
@@ -301,17 +302,14 @@ impl Formatter for CompletionStream {
         if text.is_empty() && fin.is_none() && o.logprobs.is_empty() {
             return Vec::new();
         }
-        let mut choice = json!({
-            "index": idx,
-            "text": text,
-            "logprobs": if logprobs { lp.to_json() } else { Value::Null },
-            "finish_reason": null,
-        });
-        if let Some((r, stop)) = fin {
-            choice["finish_reason"] = json!(r);
-            choice["stop_reason"] = stop;
-        }
-        vec![ctx.chunk(vec![choice])]
+        let choice = CompletionChunkChoice {
+            index: idx,
+            text,
+            logprobs: logprobs.then_some(lp),
+            finish_reason: fin.as_ref().map(|f| f.0),
+            stop_reason: fin.map(|f| f.1),
+        };
+        vec![Chunk::new(&ctx.chunk(vec![choice]))]
     }
 
     fn summary(&self) -> (usize, usize, &'static str) {

@@ -11,14 +11,15 @@ use std::sync::Arc;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use flint_engine::SampleOutput;
-use serde_json::Value;
+use serde::Serialize;
 
 use flint_engine::sampler::TokenLogprobs;
 use flint_engine::{EngineEvent, EventStream, Finished, Request, RequestParams};
 use futures_util::stream::{self, Stream, StreamExt};
 
+use crate::api_types::{NoChoice, StreamChunk, Usage};
 use crate::error::{ApiError, ApiResult};
-use crate::output::{usage, with_reasoning, Outcome, Timer};
+use crate::output::{Outcome, Timer};
 use crate::state::{InFlight, ServingModel, SharedState};
 
 /// One prompt's engine request; its samples are choices `offset .. offset + n`.
@@ -145,23 +146,49 @@ pub struct StreamCtx {
 
 impl StreamCtx {
     /// One SSE chunk: the envelope every chunk of this response shares, around `choices`.
-    pub fn chunk(&self, choices: Vec<Value>) -> Value {
-        serde_json::json!({
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.state.cfg.served_model_name,
-            "choices": choices,
-        })
+    pub fn chunk<C>(&self, choices: Vec<C>) -> StreamChunk<'_, C> {
+        StreamChunk {
+            id: &self.id,
+            object: self.object,
+            created: self.created,
+            model: &self.state.cfg.served_model_name,
+            choices,
+            usage: None,
+        }
     }
+}
+
+/// One SSE event, serialized: its `data:` JSON and, where the API names its events, the
+/// `event:` name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk {
+    pub event: Option<&'static str>,
+    pub data: String,
+}
+
+impl Chunk {
+    pub fn new(body: &impl Serialize) -> Self {
+        Self { event: None, data: to_json(body) }
+    }
+
+    pub fn named(event: &'static str, body: &impl Serialize) -> Self {
+        Self { event: Some(event), data: to_json(body) }
+    }
+}
+
+/// The bodies are plain structs with string keys, which always serialize; should one not, the
+/// client gets an error event rather than a broken line.
+fn to_json(body: &impl Serialize) -> String {
+    serde_json::to_string(body)
+        .unwrap_or_else(|e| ApiError::internal(format!("cannot serialize the response: {e}")).body().to_string())
 }
 
 /// How an endpoint turns engine output into SSE chunks.
 pub trait Formatter: Send + 'static {
     /// Chunks sent before any output (chat: the role delta of every choice).
-    fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Value>;
+    fn prelude(&mut self, ctx: &StreamCtx) -> Vec<Chunk>;
     /// Chunks for one engine output of job `job`.
-    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Value>;
+    fn on_output(&mut self, ctx: &StreamCtx, job: usize, o: SampleOutput) -> Vec<Chunk>;
     /// (completion tokens, cached tokens, first choice's finish reason) for usage, log, metrics.
     fn summary(&self) -> (usize, usize, &'static str);
     /// Tokens of reasoning, for usage, when a reasoning parser runs.
@@ -169,20 +196,16 @@ pub trait Formatter: Send + 'static {
         None
     }
     /// Events after the last output, given the usage (the Responses API's `response.completed`).
-    fn epilogue(&mut self, _ctx: &StreamCtx, _usage: &Value) -> Vec<Value> {
+    fn epilogue(&mut self, _ctx: &StreamCtx, _usage: &Usage) -> Vec<Chunk> {
         Vec::new()
     }
     /// Whether the stream ends with `data: [DONE]` (chat and completions do).
     fn done_marker(&self) -> bool {
         true
     }
-    /// The SSE `event:` name of a chunk (the Responses API names every event by its type).
-    fn event_name(&self, _chunk: &Value) -> Option<String> {
-        None
-    }
     /// The event that tells a client its stream failed after it began.
-    fn error_event(&mut self, e: &ApiError) -> Value {
-        e.body()
+    fn error_event(&mut self, e: &ApiError) -> Chunk {
+        Chunk::new(&e.body())
     }
 }
 
@@ -212,21 +235,18 @@ struct Driver {
     done: bool,
 }
 
-/// One SSE event carrying `v`, named as the formatter names it.
-fn event(fmt: &dyn Formatter, v: &Value) -> Event {
-    let e = match fmt.event_name(v) {
+/// The SSE event of a chunk.
+fn event(c: Chunk) -> Event {
+    let e = match c.event {
         Some(name) => Event::default().event(name),
         None => Event::default(),
     };
-    e.data(v.to_string())
+    e.data(c.data)
 }
 
 impl Driver {
-    fn push(&mut self, chunks: Vec<Value>) {
-        for v in chunks {
-            let e = event(self.fmt.as_ref(), &v);
-            self.pending.push_back(e);
-        }
+    fn push(&mut self, chunks: Vec<Chunk>) {
+        self.pending.extend(chunks.into_iter().map(event));
     }
 
     fn end_marker(&mut self) {
@@ -237,11 +257,10 @@ impl Driver {
 
     fn complete(&mut self) {
         let (completion, cached, reason) = self.fmt.summary();
-        let u = with_reasoning(usage(self.ctx.prompt_tokens, completion, cached), self.fmt.reasoning_tokens());
+        let u = Usage::new(self.ctx.prompt_tokens, completion, cached).with_reasoning(self.fmt.reasoning_tokens());
         if self.ctx.include_usage {
-            let mut last = self.ctx.chunk(Vec::new());
-            last["usage"] = u.clone();
-            self.push(vec![last]);
+            let last = StreamChunk { usage: Some(u), ..self.ctx.chunk::<NoChoice>(Vec::new()) };
+            self.push(vec![Chunk::new(&last)]);
         }
         let tail = self.fmt.epilogue(&self.ctx, &u);
         self.push(tail);
@@ -275,7 +294,7 @@ impl Driver {
 pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fmt: Box<dyn Formatter>) -> Response {
     let total = jobs.len() * ctx.n;
     let offsets = jobs.iter().map(|j| j.offset).collect();
-    let pending = fmt.prelude(&ctx).iter().map(|v| event(fmt.as_ref(), v)).collect();
+    let pending = fmt.prelude(&ctx).into_iter().map(event).collect();
     let deadline = Box::pin(ctx.state.deadline_passed());
     let driver = Driver {
         ctx,

@@ -2,6 +2,7 @@
 //! and the tokenizer, never tensors: the binary loads the model and hands over a
 //! [`ServingModel`].
 
+pub mod api_types;
 pub mod body;
 pub mod chat;
 pub mod completions;

@@ -1,4 +1,5 @@
-//! Pieces shared by the chat and completions responses: ids, usage, logprob formats, the
+//! Pieces shared by the chat and completions responses: ids, finish and stop reasons, logprob
+//! entries (the types are in [`crate::api_types`]), the
 //! per-request timing that feeds the metrics and the request log line.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -7,8 +8,10 @@ use flint_engine::request::{FinishReason, Finished, StopMatch};
 use flint_engine::sampler::TokenLogprobs;
 use flint_engine::tokenizer::Tokenizer;
 use flint_engine::{RequestParams, SampleOutput};
-use serde_json::{json, Map, Value};
 
+use crate::api_types::chat::{ChatLogprobs, ChatTokenLogprob, TopLogprob};
+use crate::api_types::completion::CompletionLogprobs;
+use crate::api_types::{PromptLogprob, PromptLogprobs, StopReason, TokenMap};
 use crate::metrics::Metrics;
 use crate::request_span::{Arrival, RequestSpan, SpanTiming, SpanUsage};
 
@@ -37,21 +40,12 @@ pub fn finish_reason(f: &Finished, tool_calls: bool) -> &'static str {
 }
 
 /// vLLM's `stop_reason`: the matched stop string or token id (`null` for EOS and length).
-pub fn stop_reason(f: &Finished, eos: &[u32]) -> Value {
+pub fn stop_reason(f: &Finished, eos: &[u32]) -> Option<StopReason> {
     match &f.stop {
-        Some(StopMatch::Text(s)) => json!(s),
-        Some(StopMatch::Token(t)) if !eos.contains(t) => json!(t),
-        _ => Value::Null,
+        Some(StopMatch::Text(s)) => Some(StopReason::Text(s.clone())),
+        Some(StopMatch::Token(t)) if !eos.contains(t) => Some(StopReason::Token(*t)),
+        _ => None,
     }
-}
-
-pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
 }
 
 /// vLLM's `prompt_logprobs`: `null` for the first token (nothing predicts it), then per prompt
@@ -62,32 +56,21 @@ pub fn vllm_prompt_logprobs(
     prompt: &[u32],
     plps: Option<&Vec<Option<TokenLogprobs>>>,
     k: usize,
-) -> Value {
-    let entry = |id: u32, lp: f32| json!({"logprob": lp, "decoded_token": token_text(tok, id)});
-    let list: Vec<Value> = prompt
+) -> PromptLogprobs {
+    let entry = |id: u32, lp: f32| PromptLogprob { logprob: f64::from(lp), decoded_token: token_text(tok, id) };
+    prompt
         .iter()
         .enumerate()
-        .map(|(i, &t)| match plps.and_then(|v| v.get(i)).and_then(Option::as_ref) {
-            None => Value::Null,
-            Some(lp) => {
-                let mut m = serde_json::Map::new();
-                for &(id, l) in lp.top.iter().take(k) {
-                    m.insert(id.to_string(), entry(id, l));
-                }
-                m.insert(t.to_string(), entry(t, lp.logprob));
-                Value::Object(m)
+        .map(|(i, &t)| {
+            let lp = plps.and_then(|v| v.get(i)).and_then(Option::as_ref)?;
+            let mut m = TokenMap::default();
+            for &(id, l) in lp.top.iter().take(k) {
+                m.insert(id.to_string(), entry(id, l));
             }
+            m.insert(t.to_string(), entry(t, lp.logprob));
+            Some(m)
         })
-        .collect();
-    Value::Array(list)
-}
-
-/// `usage` with `completion_tokens_details.reasoning_tokens` when a reasoning parser runs.
-pub fn with_reasoning(mut usage: Value, reasoning_tokens: Option<usize>) -> Value {
-    if let Some(r) = reasoning_tokens {
-        usage["completion_tokens_details"] = json!({"reasoning_tokens": r});
-    }
-    usage
+        .collect()
 }
 
 /// A token's text as logprob entries show it (a partial UTF-8 character shows as U+FFFD).
@@ -96,56 +79,37 @@ pub fn token_text(tok: &Tokenizer, id: u32) -> String {
 }
 
 /// Chat format: `{"token", "logprob", "bytes", "top_logprobs": [...]}`.
-pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
+pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprobs) -> ChatTokenLogprob {
     let entry = |id: u32, p: f32| {
-        let t = token_text(tok, id);
-        let bytes = tok.token_bytes(id).unwrap_or_else(|| t.as_bytes().to_vec());
-        json!({"token": t, "logprob": p, "bytes": bytes})
+        let token = token_text(tok, id);
+        let bytes = tok.token_bytes(id).unwrap_or_else(|| token.as_bytes().to_vec());
+        TopLogprob { token, logprob: f64::from(p), bytes }
     };
-    let mut v = entry(lp.token, lp.logprob);
-    v["top_logprobs"] = Value::Array(lp.top.iter().map(|&(id, p)| entry(id, p)).collect());
-    v
+    let TopLogprob { token, logprob, bytes } = entry(lp.token, lp.logprob);
+    ChatTokenLogprob { token, logprob, bytes, top_logprobs: lp.top.iter().map(|&(id, p)| entry(id, p)).collect() }
 }
 
-/// Completions format, column-wise: tokens, token_logprobs, top_logprobs, text_offset.
-#[derive(Debug, Default, Clone)]
-pub struct CompletionLogprobs {
-    tokens: Vec<Value>,
-    token_logprobs: Vec<Value>,
-    top_logprobs: Vec<Value>,
-    text_offset: Vec<Value>,
+/// Chat's `logprobs` of a run of tokens.
+pub fn chat_token_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs]) -> ChatLogprobs {
+    ChatLogprobs { content: lps.iter().map(|lp| chat_logprob(tok, lp)).collect() }
 }
 
 impl CompletionLogprobs {
     /// Append one token; `lp` is `None` for the first prompt token (nothing predicts it).
     pub fn push(&mut self, tok: &Tokenizer, id: u32, lp: Option<&TokenLogprobs>, offset: usize) -> usize {
         let text = token_text(tok, id);
-        self.tokens.push(json!(text));
-        match lp {
-            Some(lp) => {
-                self.token_logprobs.push(json!(lp.logprob));
-                let mut top = Map::new();
-                for &(t, p) in &lp.top {
-                    top.insert(token_text(tok, t), json!(p));
-                }
-                self.top_logprobs.push(Value::Object(top));
+        let next = offset + text.len();
+        self.tokens.push(text);
+        self.token_logprobs.push(lp.map(|lp| f64::from(lp.logprob)));
+        self.top_logprobs.push(lp.map(|lp| {
+            let mut top = TokenMap::default();
+            for &(t, p) in &lp.top {
+                top.insert(token_text(tok, t), f64::from(p));
             }
-            None => {
-                self.token_logprobs.push(Value::Null);
-                self.top_logprobs.push(Value::Null);
-            }
-        }
-        self.text_offset.push(json!(offset));
-        offset + text.len()
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "tokens": self.tokens,
-            "token_logprobs": self.token_logprobs,
-            "top_logprobs": self.top_logprobs,
-            "text_offset": self.text_offset,
-        })
+            top
+        }));
+        self.text_offset.push(offset);
+        next
     }
 }
 

@@ -8,9 +8,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::api_types::misc::{
+    DetokenizeResponse, FaultInjected, Health, ModelCard, ModelList, TokenizeResponse, Version, WorkerHealth,
+};
 use crate::chat::{chat_completions, check_model, normalize_messages};
 use crate::completions::completions;
 use crate::error::{ApiError, ApiResult};
@@ -94,11 +97,11 @@ async fn method_not_allowed(uri: Uri) -> Response {
 async fn health(State(state): State<SharedState>) -> Response {
     match state.model() {
         Ok(m) => {
-            let workers: Vec<Value> =
-                m.router.workers().iter().map(|w| json!({"name": w.name, "healthy": w.healthy})).collect();
+            let workers =
+                m.router.workers().into_iter().map(|w| WorkerHealth { name: w.name, healthy: w.healthy }).collect();
             let (live, total) = m.router.live_workers();
             let status = if live == total { "ok" } else { "degraded" };
-            (StatusCode::OK, Json(json!({"status": status, "workers": workers}))).into_response()
+            (StatusCode::OK, Json(Health { status, workers })).into_response()
         }
         Err(e) => e.into_response(),
     }
@@ -111,45 +114,27 @@ async fn fault_worker(State(state): State<SharedState>, Path(i): Path<usize>) ->
         Err(e) => return e.into_response(),
     };
     match m.router.inject_fault(i) {
-        Ok(()) => (StatusCode::ACCEPTED, Json(json!({"worker": i, "fault": "injected"}))).into_response(),
+        Ok(()) => (StatusCode::ACCEPTED, Json(FaultInjected { worker: i, fault: "injected" })).into_response(),
         Err(e) => ApiError::invalid("worker", e.to_string()).into_response(),
     }
 }
 
-async fn version() -> Json<Value> {
-    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+async fn version() -> Json<Version> {
+    Json(Version { version: env!("CARGO_PKG_VERSION") })
 }
 
 async fn models(State(state): State<SharedState>) -> Response {
     let max_model_len = state.model().ok().map(|m| m.max_model_len);
-    let name = &state.cfg.served_model_name;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": state.started_unix,
-            "owned_by": "flint",
-            "root": name,
-            "max_model_len": max_model_len,
-        }],
-    }))
-    .into_response()
+    let card = ModelCard::new(&state.cfg.served_model_name, state.started_unix, max_model_len);
+    Json(ModelList { object: "list", data: vec![card] }).into_response()
 }
 
 async fn model_by_id(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
     if id != state.cfg.served_model_name {
         return ApiError::model_not_found(&id, &state.cfg.served_model_name).into_response();
     }
-    Json(json!({
-        "id": id,
-        "object": "model",
-        "created": state.started_unix,
-        "owned_by": "flint",
-        "root": id,
-        "max_model_len": state.model().ok().map(|m| m.max_model_len),
-    }))
-    .into_response()
+    let max_model_len = state.model().ok().map(|m| m.max_model_len);
+    Json(ModelCard::new(&id, state.started_unix, max_model_len)).into_response()
 }
 
 async fn metrics(State(state): State<SharedState>) -> Response {
@@ -176,9 +161,10 @@ struct TokenizeRequest {
 
 /// Run request work that may take CPU time (rendering, tokenizing, detokenizing) on the blocking
 /// pool, so `/health` and streams on the async workers never wait behind it.
-async fn off_async<F>(state: &SharedState, work: F) -> Response
+async fn off_async<F, T>(state: &SharedState, work: F) -> Response
 where
-    F: FnOnce() -> ApiResult<Value> + Send + 'static,
+    F: FnOnce() -> ApiResult<T> + Send + 'static,
+    T: Serialize + Send + 'static,
 {
     let result = match tokio::task::spawn_blocking(work).await {
         Ok(r) => r,
@@ -215,15 +201,17 @@ async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
         let param = if rendered { "messages" } else { "prompt" };
         let ids =
             encode_bounded(&model.tokenizer, &text, add_special, model.max_model_len).map_err(|e| e.into_api(param))?;
-        let mut out = json!({"count": ids.len(), "max_model_len": model.max_model_len, "tokens": ids});
-        if rendered {
-            out["prompt"] = json!(text);
-        }
-        if req.return_token_strs.unwrap_or(false) {
-            let strs: Vec<Value> = ids.iter().map(|&i| json!(model.tokenizer.id_to_token(i))).collect();
-            out["token_strs"] = Value::Array(strs);
-        }
-        Ok(out)
+        let token_strs = req
+            .return_token_strs
+            .unwrap_or(false)
+            .then(|| ids.iter().map(|&i| model.tokenizer.id_to_token(i)).collect());
+        Ok(TokenizeResponse {
+            count: ids.len(),
+            max_model_len: model.max_model_len,
+            tokens: ids,
+            prompt: rendered.then_some(text),
+            token_strs,
+        })
     })
     .await
 }
@@ -253,7 +241,7 @@ async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {
             })
             .collect::<ApiResult<Vec<u32>>>()?;
         let text = model.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        Ok(json!({"prompt": text}))
+        Ok(DetokenizeResponse { prompt: text })
     })
     .await
 }

@@ -2,7 +2,9 @@
 //! `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, which becomes OpenAI's
 //! `message.tool_calls` (and, streaming, tool-call deltas) with `finish_reason: "tool_calls"`.
 
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::api_types::chat::{ChatToolCall, FunctionCall};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -16,16 +18,14 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
-    pub fn to_json(&self, index: Option<usize>) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        });
-        if let Some(i) = index {
-            v["index"] = json!(i);
+    /// The call in chat's shape; `index` (its place among the choice's calls) when streamed.
+    pub fn to_chat(&self, index: Option<usize>) -> ChatToolCall {
+        ChatToolCall {
+            id: self.id.clone(),
+            kind: "function",
+            function: FunctionCall { name: self.name.clone(), arguments: self.arguments.clone() },
+            index,
         }
-        v
     }
 }
 
@@ -183,6 +183,7 @@ impl ToolStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const OUT: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>";
     const CALL: &str = "<tool_call>{\"name\":\"f\",\"arguments\":{\"x\":1}}</tool_call>";

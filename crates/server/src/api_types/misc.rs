@@ -1,0 +1,78 @@
+//! The small endpoints' bodies: models, health, version, tokenize, detokenize.
+
+use serde::Serialize;
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList<'a> {
+    /// `list`.
+    pub object: &'static str,
+    pub data: Vec<ModelCard<'a>>,
+}
+
+/// The served model, as `/v1/models` lists it and `/v1/models/{id}` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard<'a> {
+    pub id: &'a str,
+    /// `model`.
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub root: &'a str,
+    /// `null` while the model loads.
+    pub max_model_len: Option<usize>,
+}
+
+impl<'a> ModelCard<'a> {
+    pub fn new(id: &'a str, created: u64, max_model_len: Option<usize>) -> Self {
+        Self { id, object: "model", created, owned_by: "flint", root: id, max_model_len }
+    }
+}
+
+/// `GET /health` when some worker serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    /// `ok`, or `degraded` when some workers have stopped.
+    pub status: &'static str,
+    pub workers: Vec<WorkerHealth>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerHealth {
+    pub name: String,
+    pub healthy: bool,
+}
+
+/// `GET /version`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Version {
+    pub version: &'static str,
+}
+
+/// The test hook's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultInjected {
+    pub worker: usize,
+    /// `injected`.
+    pub fault: &'static str,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    /// The rendered chat prompt, when `messages` were tokenized.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// With `return_token_strs`: each token's vocabulary string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_strs: Option<Vec<Option<String>>>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
