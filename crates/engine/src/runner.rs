@@ -6,9 +6,9 @@ use std::sync::Arc;
 use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
 
 use crate::kv_manager::SeqId;
-use crate::sampler::argmax;
 use crate::scheduler::StepPlan;
 use crate::EngineError;
+use flint_model::kernels::argmax::argmax;
 
 /// Logit rows of one step, in plan order: for each chunk, every row when `all_logits` or it
 /// carries a draft, else its last row when `sample`, else none.

@@ -184,6 +184,35 @@ mod tests {
     }
 
     #[test]
+    fn sampling_messages_name_the_parameter_and_bounds_are_inclusive() {
+        let cases = [
+            (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { min_p: 1.5, ..Default::default() }, "min_p"),
+            (SamplingParams { min_p: f32::NAN, ..Default::default() }, "min_p"),
+            (SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { frequency_penalty: -2.1, ..Default::default() }, "frequency_penalty"),
+            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { repetition_penalty: f32::INFINITY, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { logit_bias: vec![(3, 1.0), (4, 101.0)], ..Default::default() }, "logit_bias"),
+            (SamplingParams { logit_bias: vec![(3, f32::NAN)], ..Default::default() }, "logit_bias"),
+        ];
+        for (p, name) in cases {
+            let err = p.validate().unwrap_err().to_string();
+            assert!(err.contains(name), "{name}: {err}");
+        }
+        let ok = SamplingParams {
+            min_p: 1.0,
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            repetition_penalty: 0.5,
+            logit_bias: vec![(1, -100.0), (2, 100.0)],
+            ..Default::default()
+        };
+        assert_eq!(ok.validate(), Ok(()));
+    }
+
+    #[test]
     fn token_ids_are_checked_against_the_real_vocabulary() {
         let p = |bias: u32, stop: u32| RequestParams {
             max_tokens: 8,
