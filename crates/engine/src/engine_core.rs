@@ -349,25 +349,23 @@ impl<R: ModelRunner> EngineCore<R> {
         let mut row = 0;
         let mut picks = Vec::new();
         for chunk in &plan.chunks {
-            let rows = chunk_rows(chunk);
-            row += rows;
-            if chunk.sample && self.samples.get(&chunk.seq).is_some_and(|s| s.params.max_tokens == 0) {
+            let first_row = row;
+            row += chunk.num_logit_rows();
+            if self.samples.get(&chunk.seq).is_some_and(|s| s.params.max_tokens == 0) {
                 // Prompt scoring (max_tokens 0): the prompt is in, nothing is drawn.
                 continue;
             }
-            if chunk.sample {
-                // The pending token's row, then one per draft token.
-                let first = row - 1 - chunk.draft;
-                picks.push((chunk.seq, first, chunk.tokens[chunk.tokens.len() - chunk.draft..].to_vec()));
+            if let Some(first) = chunk.first_sampled_row() {
+                picks.push((chunk.seq, first_row + first, chunk.tokens[chunk.tokens.len() - chunk.draft..].to_vec()));
             }
         }
         let mut drawn = self.draw(&picks, logits);
         let mut row = 0;
         for chunk in &plan.chunks {
-            let rows = chunk_rows(chunk);
+            let rows = chunk.num_logit_rows();
             let first_row = row;
             row += rows;
-            if chunk.all_logits {
+            if chunk.prompt_logprobs {
                 self.collect_prompt_logprobs(chunk.seq, chunk.context_len, first_row, rows, logits);
             }
             if chunk.sample {
@@ -653,20 +651,8 @@ impl<R: ModelRunner> EngineCore<R> {
     }
 }
 
-/// Logit rows the runner returns for `c`: all (prompt logprobs), the pending token's and the
-/// draft's (verification), the last (it samples), or none.
-fn chunk_rows(c: &crate::scheduler::ScheduledChunk) -> usize {
-    if c.all_logits {
-        c.tokens.len()
-    } else if c.sample {
-        1 + c.draft
-    } else {
-        0
-    }
-}
-
 fn expected_rows(plan: &StepPlan) -> usize {
-    plan.chunks.iter().map(chunk_rows).sum()
+    plan.chunks.iter().map(|c| c.num_logit_rows()).sum()
 }
 
 /// One sample's tokens from its rows: a plain draw from `first`, or with a draft, the pending

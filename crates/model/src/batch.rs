@@ -2,6 +2,8 @@
 //! sequence where its keys and values live and how many it already has. The engine builds it;
 //! the model only reads it.
 
+use std::ops::Range;
+
 use crate::error::{ModelError, Result};
 
 /// Which rows of logits a sequence wants back from this pass.
@@ -13,6 +15,17 @@ pub enum LogitsRows {
     Last,
     /// Every new token's row (prompt logprobs, speculative verification, golden tests).
     All,
+}
+
+impl LogitsRows {
+    /// The rows this selects of a chunk of `num_tokens` new tokens, counted from its first.
+    pub fn rows(self, num_tokens: usize) -> Range<usize> {
+        match self {
+            LogitsRows::None => 0..0,
+            LogitsRows::Last => num_tokens.saturating_sub(1)..num_tokens,
+            LogitsRows::All => 0..num_tokens,
+        }
+    }
 }
 
 /// One sequence's share of a batch.
@@ -72,12 +85,7 @@ impl ForwardBatch {
         let mut rows = Vec::new();
         let mut offset = 0;
         for s in &self.seqs {
-            match s.logits {
-                LogitsRows::None => {}
-                LogitsRows::Last if s.num_tokens > 0 => rows.push(offset + s.num_tokens - 1),
-                LogitsRows::Last => {}
-                LogitsRows::All => rows.extend(offset..offset + s.num_tokens),
-            }
+            rows.extend(s.logits.rows(s.num_tokens).map(|r| offset + r));
             offset += s.num_tokens;
         }
         rows
