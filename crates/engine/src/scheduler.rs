@@ -89,7 +89,8 @@ pub enum AdmissionError {
     Duplicate(SeqId),
 }
 
-/// One sequence's share of a step.
+/// One sequence's share of a step, as the scheduler decides it; the runner hands it to the model
+/// as a [`flint_model::SeqChunk`] (whose docs say why each layer has its own type).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledChunk {
     pub seq: SeqId,
