@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     fn info() -> ModelInfo {
-        ModelInfo { vocab_size: 160, valid_vocab: 150, eos_token_ids: vec![1], ..ModelInfo::default() }
+        ModelInfo { vocab_size: 160, valid_vocab: 150, eos_token_ids: vec![1] }
     }
 
     fn param_of(p: RequestParams) -> Param {
