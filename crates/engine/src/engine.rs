@@ -400,7 +400,7 @@ fn run_loop<R: ModelRunner>(
 /// any draft it verifies) decodes; anything else computes prompt.
 fn phase_tokens(plan: &crate::scheduler::StepPlan) -> (usize, usize) {
     plan.chunks.iter().fold((0, 0), |(p, d), c| {
-        if c.sample && !c.all_logits && c.tokens.len() == c.draft + 1 {
+        if c.sample && !c.prompt_logprobs && c.tokens.len() == c.draft + 1 {
             (p, d + c.tokens.len())
         } else {
             (p + c.tokens.len(), d)

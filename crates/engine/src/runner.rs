@@ -6,12 +6,12 @@ use std::sync::Arc;
 use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
 
 use crate::kv_manager::SeqId;
-use crate::sampler::argmax;
 use crate::scheduler::StepPlan;
 use crate::EngineError;
+use flint_model::kernels::argmax::argmax;
 
-/// Logit rows of one step, in plan order: for each chunk, every row when `all_logits` or it
-/// carries a draft, else its last row when `sample`, else none.
+/// Logit rows of one step, in plan order: for each chunk, the rows
+/// [`ScheduledChunk::logits`](crate::scheduler::ScheduledChunk::logits) names.
 #[derive(Debug, Clone, Default)]
 pub struct StepLogits {
     pub width: usize,
@@ -76,15 +76,7 @@ impl ModelRunner for PagedModelRunner {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
         let mut batch = ForwardBatch::new();
         for c in &plan.chunks {
-            // A draft's chunk is the pending token and the draft: every row is verified.
-            let rows = if c.all_logits || c.draft > 0 {
-                LogitsRows::All
-            } else if c.sample {
-                LogitsRows::Last
-            } else {
-                LogitsRows::None
-            };
-            batch.push_paged(c.seq as usize, c.context_len, &c.tokens, rows, c.blocks.clone());
+            batch.push_paged(c.seq as usize, c.context_len, &c.tokens, c.logits(), c.blocks.clone());
         }
         let width = self.model.config().vocab_size;
         let data = self.model.forward_logits(&batch, &mut self.cache)?.unwrap_or_default();

@@ -19,6 +19,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use flint_model::LogitsRows;
+
 use crate::kv_manager::{salt_hash, KvManager, PrefixHit, SeqId};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +89,8 @@ pub enum AdmissionError {
     Duplicate(SeqId),
 }
 
-/// One sequence's share of a step.
+/// One sequence's share of a step, as the scheduler decides it; the runner hands it to the model
+/// as a [`flint_model::SeqChunk`] (whose docs say why each layer has its own type).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledChunk {
     pub seq: SeqId,
@@ -98,11 +101,37 @@ pub struct ScheduledChunk {
     pub blocks: Vec<u32>,
     /// The chunk ends the known tokens: sample the next one from its last row.
     pub sample: bool,
-    /// Every row's logits are wanted (prompt logprobs).
-    pub all_logits: bool,
+    /// The chunk holds prompt positions whose logprobs were asked for: every row is wanted.
+    pub prompt_logprobs: bool,
     /// The last `draft` tokens are proposals to verify: every row from the pending token on is
-    /// wanted (`draft + 1` rows).
+    /// wanted (`draft + 1` rows; a chunk with a draft is the pending token and the draft).
     pub draft: usize,
+}
+
+impl ScheduledChunk {
+    /// The logit rows the model returns for this chunk, the one rule the runners and the engine
+    /// core share: every row for prompt logprobs or a draft to verify, the last when it samples,
+    /// none otherwise.
+    pub fn logits(&self) -> LogitsRows {
+        if self.prompt_logprobs || self.draft > 0 {
+            LogitsRows::All
+        } else if self.sample {
+            LogitsRows::Last
+        } else {
+            LogitsRows::None
+        }
+    }
+
+    /// How many rows [`logits`](Self::logits) selects.
+    pub fn num_logit_rows(&self) -> usize {
+        self.logits().rows(self.tokens.len()).len()
+    }
+
+    /// When the chunk samples, where its sampled rows start among its logit rows: the pending
+    /// token's row, then one per draft token, which end the chunk's rows.
+    pub fn first_sampled_row(&self) -> Option<usize> {
+        self.sample.then(|| self.num_logit_rows() - 1 - self.draft)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -346,7 +375,7 @@ impl Scheduler {
             tokens,
             blocks: self.kv.blocks(id).to_vec(),
             sample: ctx + n == s.tokens.len(),
-            all_logits: s.spec.prompt_logprobs && ctx < s.spec.prompt.len(),
+            prompt_logprobs: s.spec.prompt_logprobs && ctx < s.spec.prompt.len(),
             draft: draft.len(),
         });
         plan.num_tokens += n + draft.len();
@@ -619,5 +648,26 @@ mod tests {
         assert_eq!(shape(&p), vec![(1, 10, 1, true), (2, 8, 2, true)]);
         assert_eq!(s.cached_prompt_tokens(2), 8);
         assert_eq!(p.chunks[1].blocks[..2], p.chunks[0].blocks[..2]);
+    }
+
+    /// Each kind of chunk names its logit rows and where its sampled rows start.
+    #[test]
+    fn chunks_name_their_logit_rows() {
+        let chunk = |n: usize, sample, prompt_logprobs, draft| ScheduledChunk {
+            seq: 0,
+            context_len: 0,
+            tokens: vec![1; n],
+            blocks: Vec::new(),
+            sample,
+            prompt_logprobs,
+            draft,
+        };
+        let rows = |c: &ScheduledChunk| (c.logits(), c.num_logit_rows(), c.first_sampled_row());
+        assert_eq!(rows(&chunk(6, false, false, 0)), (LogitsRows::None, 0, None), "mid-prompt");
+        assert_eq!(rows(&chunk(6, true, false, 0)), (LogitsRows::Last, 1, Some(0)), "ends the prompt");
+        assert_eq!(rows(&chunk(1, true, false, 0)), (LogitsRows::Last, 1, Some(0)), "decode");
+        assert_eq!(rows(&chunk(6, false, true, 0)), (LogitsRows::All, 6, None), "prompt logprobs");
+        assert_eq!(rows(&chunk(6, true, true, 0)), (LogitsRows::All, 6, Some(5)), "prompt logprobs, last chunk");
+        assert_eq!(rows(&chunk(4, true, false, 3)), (LogitsRows::All, 4, Some(0)), "pending token and a draft");
     }
 }

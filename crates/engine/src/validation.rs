@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     fn info() -> ModelInfo {
-        ModelInfo { vocab_size: 160, valid_vocab: 150, eos_token_ids: vec![1], ..ModelInfo::default() }
+        ModelInfo { vocab_size: 160, valid_vocab: 150, eos_token_ids: vec![1] }
     }
 
     fn param_of(p: RequestParams) -> Param {
@@ -181,6 +181,35 @@ mod tests {
         assert_eq!(param_of(with(&|p| p.min_tokens = 9)), Param::MinTokens);
         assert_eq!(param_of(with(&|p| p.logprobs = Some(MAX_LOGPROBS + 1))), Param::Logprobs);
         assert_eq!(param_of(with(&|p| p.prompt_logprobs = Some(MAX_LOGPROBS + 1))), Param::PromptLogprobs);
+    }
+
+    #[test]
+    fn sampling_messages_name_the_parameter_and_bounds_are_inclusive() {
+        let cases = [
+            (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { min_p: 1.5, ..Default::default() }, "min_p"),
+            (SamplingParams { min_p: f32::NAN, ..Default::default() }, "min_p"),
+            (SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { frequency_penalty: -2.1, ..Default::default() }, "frequency_penalty"),
+            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { repetition_penalty: f32::INFINITY, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { logit_bias: vec![(3, 1.0), (4, 101.0)], ..Default::default() }, "logit_bias"),
+            (SamplingParams { logit_bias: vec![(3, f32::NAN)], ..Default::default() }, "logit_bias"),
+        ];
+        for (p, name) in cases {
+            let err = p.validate().unwrap_err().to_string();
+            assert!(err.contains(name), "{name}: {err}");
+        }
+        let ok = SamplingParams {
+            min_p: 1.0,
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            repetition_penalty: 0.5,
+            logit_bias: vec![(1, -100.0), (2, 100.0)],
+            ..Default::default()
+        };
+        assert_eq!(ok.validate(), Ok(()));
     }
 
     #[test]

@@ -191,8 +191,7 @@ impl ModelRunner for Markov {
     fn execute(&mut self, plan: &StepPlan) -> Result<StepLogits, EngineError> {
         let mut data = Vec::new();
         for c in &plan.chunks {
-            let rows = if c.draft > 0 { c.tokens.len() } else { usize::from(c.sample) };
-            for &t in &c.tokens[c.tokens.len() - rows..] {
+            for &t in &c.tokens[c.logits().rows(c.tokens.len())] {
                 data.extend_from_slice(&LOGITS[t as usize]);
             }
         }

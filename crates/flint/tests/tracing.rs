@@ -239,5 +239,5 @@ fn trace_dir_writes_a_chrome_trace_of_nested_engine_scopes() {
     assert!(inside("lm_head", "forward"));
     // Each forward runs every layer once.
     let forwards = within["forward"].len();
-    assert!(within["layer"].len() >= forwards && within["layer"].len() % forwards == 0);
+    assert!(within["layer"].len() >= forwards && within["layer"].len().is_multiple_of(forwards));
 }

@@ -2,6 +2,8 @@
 //! sequence where its keys and values live and how many it already has. The engine builds it;
 //! the model only reads it.
 
+use std::ops::Range;
+
 use crate::error::{ModelError, Result};
 
 /// Which rows of logits a sequence wants back from this pass.
@@ -15,18 +17,35 @@ pub enum LogitsRows {
     All,
 }
 
-/// One sequence's share of a batch.
+impl LogitsRows {
+    /// The rows this selects of a chunk of `num_tokens` new tokens, counted from its first.
+    pub fn rows(self, num_tokens: usize) -> Range<usize> {
+        match self {
+            LogitsRows::None => 0..0,
+            LogitsRows::Last => num_tokens.saturating_sub(1)..num_tokens,
+            LogitsRows::All => 0..num_tokens,
+        }
+    }
+}
+
+/// One sequence's share of a batch. The same idea has one type per layer, each holding what its
+/// layer needs: the engine schedules a `ScheduledChunk` (token ids, and why rows are wanted:
+/// sampling, prompt logprobs, a draft), the model runs this (where the keys and values live,
+/// which logit rows), and the attention kernel reads a
+/// [`SeqView`](crate::kernels::attention::SeqView) (its rows of the flattened batch, borrowed
+/// block tables), so the model knows nothing of scheduling and the kernel nothing of batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqChunk {
-    /// The cache slot holding this sequence's keys and values.
-    pub slot: usize,
+    /// The sequence's id: the paged cache names it in errors, the contiguous cache keeps one
+    /// buffer of keys and values per id.
+    pub seq: usize,
     /// Tokens already in the cache for this sequence; the first new token sits at this position.
     pub context_len: usize,
     /// How many new tokens of the batch belong to this sequence.
     pub num_tokens: usize,
     pub logits: LogitsRows,
     /// The paged cache's block table: position `p` lives in block `blocks[p / block_size]`.
-    /// Empty for caches addressed by `slot` alone (the contiguous one).
+    /// Empty for caches addressed by `seq` alone (the contiguous one).
     pub blocks: Vec<u32>,
 }
 
@@ -45,22 +64,15 @@ impl ForwardBatch {
     }
 
     /// Append a sequence's new tokens, continuing after `context_len` cached ones.
-    pub fn push(&mut self, slot: usize, context_len: usize, tokens: &[u32], logits: LogitsRows) {
-        self.push_paged(slot, context_len, tokens, logits, Vec::new());
+    pub fn push(&mut self, seq: usize, context_len: usize, tokens: &[u32], logits: LogitsRows) {
+        self.push_paged(seq, context_len, tokens, logits, Vec::new());
     }
 
     /// Append a sequence whose keys and values live in the paged blocks `blocks`.
-    pub fn push_paged(
-        &mut self,
-        slot: usize,
-        context_len: usize,
-        tokens: &[u32],
-        logits: LogitsRows,
-        blocks: Vec<u32>,
-    ) {
+    pub fn push_paged(&mut self, seq: usize, context_len: usize, tokens: &[u32], logits: LogitsRows, blocks: Vec<u32>) {
         self.tokens.extend_from_slice(tokens);
         self.positions.extend((0..tokens.len()).map(|i| (context_len + i) as u32));
-        self.seqs.push(SeqChunk { slot, context_len, num_tokens: tokens.len(), logits, blocks });
+        self.seqs.push(SeqChunk { seq, context_len, num_tokens: tokens.len(), logits, blocks });
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -72,12 +84,7 @@ impl ForwardBatch {
         let mut rows = Vec::new();
         let mut offset = 0;
         for s in &self.seqs {
-            match s.logits {
-                LogitsRows::None => {}
-                LogitsRows::Last if s.num_tokens > 0 => rows.push(offset + s.num_tokens - 1),
-                LogitsRows::Last => {}
-                LogitsRows::All => rows.extend(offset..offset + s.num_tokens),
-            }
+            rows.extend(s.logits.rows(s.num_tokens).map(|r| offset + r));
             offset += s.num_tokens;
         }
         rows
@@ -102,16 +109,16 @@ impl ForwardBatch {
             let expected = (s.context_len..s.context_len + s.num_tokens).map(|p| p as u32);
             if !self.positions[offset..offset + s.num_tokens].iter().copied().eq(expected) {
                 return Err(ModelError::Batch(format!(
-                    "slot {}: positions do not continue from context_len {}",
-                    s.slot, s.context_len
+                    "sequence {}: positions do not continue from context_len {}",
+                    s.seq, s.context_len
                 )));
             }
             offset += s.num_tokens;
         }
-        let mut slots: Vec<usize> = self.seqs.iter().map(|s| s.slot).collect();
-        slots.sort_unstable();
-        if slots.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ModelError::Batch("a cache slot appears twice in one batch".into()));
+        let mut seqs: Vec<usize> = self.seqs.iter().map(|s| s.seq).collect();
+        seqs.sort_unstable();
+        if seqs.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ModelError::Batch("a sequence appears twice in one batch".into()));
         }
         Ok(())
     }

@@ -110,16 +110,16 @@ impl ContiguousKvCache {
             return Err(ModelError::Batch(format!("layer {layer} out of range")));
         }
         let end = chunk.context_len + chunk.num_tokens;
-        let have = self.len(chunk.slot);
+        let have = self.len(chunk.seq);
         // Every layer of a pass writes the same positions; the first layer checks continuity.
         if layer == 0 && chunk.context_len != have {
             return Err(ModelError::Batch(format!(
-                "slot {} holds {have} tokens but the chunk starts at {}",
-                chunk.slot, chunk.context_len
+                "sequence {} holds {have} tokens but the chunk starts at {}",
+                chunk.seq, chunk.context_len
             )));
         }
         let (dtype, last_layer) = (self.dtype, layer + 1 == self.num_layers);
-        let s = self.ensure(chunk.slot, end)?;
+        let s = self.ensure(chunk.seq, end)?;
         let (kb, vb) = &s.layers[layer];
         kb.slice_set(&k.to_dtype(dtype)?.contiguous()?, 0, chunk.context_len)?;
         vb.slice_set(&v.to_dtype(dtype)?.contiguous()?, 0, chunk.context_len)?;
@@ -206,8 +206,8 @@ mod tests {
     use super::*;
     use crate::batch::LogitsRows;
 
-    fn chunk(slot: usize, context_len: usize, n: usize) -> SeqChunk {
-        SeqChunk { slot, context_len, num_tokens: n, logits: LogitsRows::None, blocks: Vec::new() }
+    fn chunk(seq: usize, context_len: usize, n: usize) -> SeqChunk {
+        SeqChunk { seq, context_len, num_tokens: n, logits: LogitsRows::None, blocks: Vec::new() }
     }
 
     fn kv(n: usize, start: f32) -> Tensor {

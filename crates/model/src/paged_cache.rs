@@ -248,7 +248,7 @@ impl PagedKvCache {
             if s.blocks.len() < needed {
                 return Err(ModelError::Batch(format!(
                     "sequence {} needs {needed} blocks for {end} tokens but its table has {}",
-                    s.slot,
+                    s.seq,
                     s.blocks.len()
                 )));
             }
@@ -269,7 +269,7 @@ impl PagedKvCache {
                 } else if !self.staging.contains_key(&block) {
                     return Err(ModelError::Batch(format!(
                         "sequence {}: block {block} holds {} tokens but has no full-precision copy (freed too early?)",
-                        s.slot,
+                        s.seq,
                         s.context_len - b * bs
                     )));
                 }

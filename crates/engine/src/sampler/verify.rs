@@ -9,15 +9,15 @@
 
 use rand::Rng;
 
-use super::{argmax, support, Selection, Support};
-use crate::sampler::Sampler;
+use super::draw::{support, Selection, Support};
+use super::{argmax, masked_argmax, Sampler};
 
 impl Sampler {
     /// The token for this row given the proposal `proposed`, and whether it is the proposal
     /// (accepted). Uses this sampler's generator: a seeded request stays reproducible.
     pub fn verify(&mut self, logits: &[f32], banned: &[u32], proposed: u32) -> (u32, bool) {
         if let Some(words) = self.greedy_mask_only(banned) {
-            let t = super::masked_argmax(&logits[..self.width(logits)], words);
+            let t = masked_argmax(&logits[..self.width(logits)], words);
             return (t, t == proposed);
         }
         let row = if self.prepare(logits, banned) { &self.scratch[..] } else { &logits[..self.width(logits)] };

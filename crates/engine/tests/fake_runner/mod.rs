@@ -118,13 +118,8 @@ impl ModelRunner for FakeRunner {
                 let slot = c.blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size;
                 self.slots[slot] = t;
             }
-            let end = c.context_len + c.tokens.len();
-            if c.all_logits || c.draft > 0 {
-                for p in c.context_len..end {
-                    self.row(&c.blocks, p, &mut data);
-                }
-            } else if c.sample {
-                self.row(&c.blocks, end - 1, &mut data);
+            for r in c.logits().rows(c.tokens.len()) {
+                self.row(&c.blocks, c.context_len + r, &mut data);
             }
         }
         Ok(StepLogits { width: VOCAB, data })

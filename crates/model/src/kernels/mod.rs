@@ -1,6 +1,7 @@
 //! flint's own CPU kernels for the hot path, each bit-for-bit independent of batch composition
 //! (see each module for how) and tested against a plain reference.
 
+pub mod argmax;
 pub mod attention;
 pub mod huge_buf;
 pub mod kv_quant;
