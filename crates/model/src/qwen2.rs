@@ -74,9 +74,7 @@ impl Qwen2Model {
     /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
     pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let (nq, nkv, hd) =
-            (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.head_dim);
-        let _ = hd;
+        let (nq, nkv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
         let dense = |name: &str, shape: &[usize]| weights.get_dense(name, shape, dtype, device);
         let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
             let w = weights.get_matrix(&format!("{name}.weight"), &[out, inp], dtype, device)?;
