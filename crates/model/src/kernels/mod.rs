@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod huge_buf;
+mod isa;
 pub mod kv_quant;
 pub mod matmul_bf16;
 pub mod matmul_f32;
@@ -10,85 +11,10 @@ pub mod matmul_q8;
 pub mod pool;
 pub mod rowwise;
 
+pub use isa::Isa;
+
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
-
-/// The widest x86 vector extension the kernels may use. `FLINT_CPU_ISA` (`scalar`, `avx2`,
-/// `avx512`, `avx512bf16`/`native`) lowers it from what the CPU has, to measure or work around a
-/// path. Every path gives the same bits but one: `avx512bf16` allows bf16 weights to be computed
-/// in bf16 dot products (activations rounded to bf16) where they are faster; below it they are
-/// always computed in exact f32 products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum IsaCap {
-    Scalar,
-    Avx2,
-    Avx512,
-    Avx512Bf16,
-}
-
-impl std::str::FromStr for IsaCap {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "scalar" => Ok(IsaCap::Scalar),
-            "avx2" => Ok(IsaCap::Avx2),
-            "avx512" => Ok(IsaCap::Avx512),
-            "avx512bf16" | "native" | "" => Ok(IsaCap::Avx512Bf16),
-            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512 or avx512bf16)")),
-        }
-    }
-}
-
-/// The cap from `FLINT_CPU_ISA`, read once (an unreadable value caps nothing; the CLI refuses
-/// it before any kernel runs).
-pub fn isa_cap() -> IsaCap {
-    static CAP: OnceLock<IsaCap> = OnceLock::new();
-    *CAP.get_or_init(|| std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(IsaCap::Avx512Bf16))
-}
-
-/// AVX-512 F and BW, allowed by the cap.
-pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        isa_cap() >= IsaCap::Avx512 && has!("avx512f") && has!("avx512bw") && has_avx2()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX2 with FMA and F16C (every AVX2 CPU has them), allowed by the cap.
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        isa_cap() >= IsaCap::Avx2 && has!("avx2") && has!("fma") && has!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX-512 BF16 (`vdpbf16ps`) on top of [`has_avx512`], allowed by the cap.
-pub(crate) fn has_avx512_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        isa_cap() >= IsaCap::Avx512Bf16 && has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX-512 VNNI on top of [`has_avx512`].
-pub(crate) fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        has_avx512() && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
@@ -236,7 +162,7 @@ pub(crate) fn written(y: &[MaybeUninit<f32>]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{panel_ranges, IsaCap};
+    use super::panel_ranges;
 
     #[test]
     fn panel_ranges_cover_everything_once_and_shrink() {
@@ -259,15 +185,5 @@ mod tests {
             assert_eq!(next, panels);
         }
         assert_eq!(panel_ranges(56, 1, 2)[0], (0, 14));
-    }
-
-    #[test]
-    fn isa_cap_parses_and_orders() {
-        assert_eq!("AVX2".parse::<IsaCap>(), Ok(IsaCap::Avx2));
-        assert_eq!("scalar".parse::<IsaCap>(), Ok(IsaCap::Scalar));
-        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512Bf16));
-        assert_eq!("avx512".parse::<IsaCap>(), Ok(IsaCap::Avx512));
-        assert!("sse9".parse::<IsaCap>().unwrap_err().contains("sse9"));
-        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512 && IsaCap::Avx512 < IsaCap::Avx512Bf16);
     }
 }

@@ -105,7 +105,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// One row of [`silu_mul`] (also the gated matmul's epilogue, so the two give the same bits).
 pub(crate) fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::has_avx512() {
+    if super::Isa::Avx512.available() {
         // SAFETY: AVX-512F was just detected. The same IEEE operations, wider vectors.
         return unsafe { silu_mul_row_avx512(g, u, o) };
     }
