@@ -30,6 +30,7 @@ use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufTokenizerMeta;
 use crate::gguf_export::{qwen2_tensors, write_floats, GgufExport, GgufType};
+use crate::kernels::pool;
 
 /// The shapes [`shape_config`] knows.
 pub const SHAPES: &[&str] = &["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "deepseek-r1-distill-qwen-1.5b"];
@@ -338,18 +339,10 @@ fn fill(out: &mut [f32], key: u64, start: u64, (mean, std): (f32, f32)) {
     }
 }
 
-/// [`fill`] on every core; the result does not depend on how the work is split.
+/// [`fill`] on the kernel threads; the result does not depend on how the work is split.
 fn fill_parallel(out: &mut [f32], key: u64, start: u64, init: (f32, f32)) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = out.len().div_ceil(threads).max(1 << 16);
-    if out.len() <= per {
-        return fill(out, key, start, init);
-    }
-    std::thread::scope(|s| {
-        for (i, chunk) in out.chunks_mut(per).enumerate() {
-            s.spawn(move || fill(chunk, key, start + (i * per) as u64, init));
-        }
-    });
+    let per = out.len().div_ceil(pool::threads()).max(1 << 16);
+    pool::run_chunks(out, per, |i, chunk| fill(chunk, key, start + (i * per) as u64, init));
 }
 
 /// The f32 weights of tensor `name` (a Hugging Face name) for `seed`, as [`synth`] writes them.

@@ -166,14 +166,7 @@ pub(super) fn attention_with(
         offsets.push(offsets.last().copied().unwrap_or(0) + (t.t1 - t.t0) * g * width);
     }
     let mut results = vec![0f32; offsets.last().copied().unwrap_or(0)];
-    let base = SendPtr(results.as_mut_ptr());
-    let base = &base;
-    pool::run(tasks.len(), |i| {
-        // SAFETY: task i writes only `offsets[i]..offsets[i + 1]` of `results`, which outlives
-        // the parallel region; the ranges are disjoint.
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(offsets[i]), offsets[i + 1] - offsets[i]) };
-        ctx.run(&tasks[i], dst);
-    });
+    pool::run_parts(&mut results, &offsets, |i, dst| ctx.run(&tasks[i], dst));
     // Whole tasks hold their rows' outputs; split tasks one segment's partials each, folded here
     // in segment order (the tasks of one (sequence, head) are consecutive, segments ascending).
     let mut i = 0;
@@ -209,11 +202,6 @@ pub(super) fn attention_with(
         i = j;
     }
 }
-
-/// The result buffer, shared by the tasks that each write their own part of it.
-struct SendPtr(*mut f32);
-// SAFETY: only used to hand disjoint ranges of one buffer to the pool's tasks.
-unsafe impl Sync for SendPtr {}
 
 /// Query tokens `t0..t1` of sequence `s` (all query heads of KV head `h`): every segment, folded
 /// into finished outputs `[rows][d]`; or segment `seg` alone, as `[rows][1 + 2 + d]` partials

@@ -25,7 +25,6 @@
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
 use std::mem::MaybeUninit;
-use std::sync::{Mutex, OnceLock};
 
 use super::huge_buf::HugeBuf;
 use super::{as_uninit, by_panel_stripes_many, pool, Isa};
@@ -280,17 +279,14 @@ impl PackedQ8 {
         let mut data = HugeBuf::<u8>::zeroed(out.div_ceil(COLS) * panel_bytes);
         let row_bytes = (inp / gv) * gb;
         // Panels are independent: a 7B checkpoint's worth is worth packing on every thread.
-        let panels: Vec<Mutex<&mut [u8]>> = data.chunks_mut(panel_bytes).map(Mutex::new).collect();
-        pool::run(panels.len(), |p| {
-            let mut panel = panels[p].lock().unwrap_or_else(|e| e.into_inner());
+        pool::run_chunks(&mut data, panel_bytes, |p, panel| {
             for c in 0..COLS.min(out - p * COLS) {
                 let o = p * COLS + c;
                 for (g, blk) in raw[o * row_bytes..(o + 1) * row_bytes].chunks_exact(gb).enumerate() {
-                    pack_block(format, &decode(format, blk), g * (gv / QK), c, &mut panel);
+                    pack_block(format, &decode(format, blk), g * (gv / QK), c, panel);
                 }
             }
         });
-        drop(panels);
         Some(Self { format, out, inp, data })
     }
 
@@ -494,13 +490,11 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
 /// is worth splitting across the threads.
 fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
     if m >= 8 {
-        let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
-        pool::run(m, |r| {
-            let _ = done[r].set(quantize_row(isa, &x[r * inp..(r + 1) * inp]));
-        });
+        let mut done: Vec<Option<QuantRow>> = (0..m).map(|_| None).collect();
+        pool::run_chunks(&mut done, 1, |r, slot| slot[0] = Some(quantize_row(isa, &x[r * inp..(r + 1) * inp])));
         // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
         let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
-        done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
+        done.into_iter().enumerate().map(|(r, q)| q.unwrap_or_else(|| redo(r))).collect()
     } else {
         x.chunks_exact(inp).map(|r| quantize_row(isa, r)).collect()
     }

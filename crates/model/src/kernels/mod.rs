@@ -13,25 +13,19 @@ pub mod rowwise;
 
 pub use isa::Isa;
 
-use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+
+use pool::Disjoint;
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
 pub(crate) struct Stripe<'a> {
-    y: *mut f32,
-    len: usize,
+    y: &'a Disjoint<'a, MaybeUninit<f32>>,
     cols: usize,
     col0: usize,
     col1: usize,
     width: usize,
-    _y: PhantomData<&'a mut [f32]>,
 }
-
-// SAFETY: a stripe only writes its own columns `col0..col1` of `y` (see `put`), and the stripes
-// made by one `by_panel_stripes` call cover disjoint column ranges, so stripes on different
-// threads never touch the same element; `y` outlives them (the `'a` borrow).
-unsafe impl Send for Stripe<'_> {}
 
 impl Stripe<'_> {
     /// Write the outputs of `row` for panel `panel` (counted from the stripe's first); columns
@@ -43,9 +37,12 @@ impl Stripe<'_> {
         }
         let n = self.width.min(self.col1 - c0).min(vals.len());
         let at = row * self.cols + c0;
-        assert!(at + n <= self.len, "stripe write out of bounds");
-        // SAFETY: in bounds (checked above) and inside this stripe's own columns.
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.y.add(at), n) }
+        // SAFETY: inside this stripe's own columns, which no other stripe of the call writes
+        // (`by_panel_stripes_many` cuts disjoint column ranges).
+        let dst = unsafe { self.y.part(at..at + n) };
+        // SAFETY: `vals` holds at least `n` values and `dst` is `n` long: an f32 copy into slots
+        // of f32's layout.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), dst.as_mut_ptr().cast::<f32>(), n) }
     }
 }
 
@@ -55,11 +52,6 @@ pub(crate) fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // is an initialised f32, so `y` stays initialised.
     unsafe { &mut *(y as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
-
-struct SendPtr(*mut f32);
-// SAFETY: only used to hand `y` to the stripes, whose writes are disjoint (see `Stripe`).
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 /// The split both matrix kernels use: ranges of `width`-column panels (a multiple of `group`
 /// panels each) run in parallel, `fill(p0, p1, stripe)` computes panels `p0..p1` for all `m` rows
@@ -108,13 +100,11 @@ pub(crate) fn by_panel_stripes_many(
             }
         }
     }
-    let outs: Vec<(SendPtr, usize)> = ys.iter_mut().map(|y| (SendPtr(y.as_mut_ptr().cast::<f32>()), y.len())).collect();
-    let outs = &outs;
+    let outs: Vec<Disjoint<MaybeUninit<f32>>> = ys.iter_mut().map(|y| Disjoint::new(y)).collect();
     pool::run(tasks.len(), |task| {
         let (j, p0, p1) = tasks[task];
-        let (ptr, len, cols) = (outs[j].0 .0, outs[j].1, cols[j]);
-        let mut stripe =
-            Stripe { y: ptr, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
+        let cols = cols[j];
+        let mut stripe = Stripe { y: &outs[j], cols, col0: p0 * width, col1: (p1 * width).min(cols), width };
         fill(j, p0, p1, &mut stripe);
     });
 }
