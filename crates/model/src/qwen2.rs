@@ -389,7 +389,8 @@ impl Ops {
                 let [mut q, mut k, v] = match fused {
                     Some(qkv) => qkv,
                     None => {
-                        let vec = |p: &Linear| -> Result<Vec<f32>> { Ok(p.forward(x)?.flatten_all()?.to_vec1::<f32>()?) };
+                        let vec =
+                            |p: &Linear| -> Result<Vec<f32>> { Ok(p.forward(x)?.flatten_all()?.to_vec1::<f32>()?) };
                         [vec(&attn.q_proj)?, vec(&attn.k_proj)?, vec(&attn.v_proj)?]
                     }
                 };

@@ -497,7 +497,14 @@ mod tests {
         let mut buf = vec![0usize; 103];
         run_parts(&mut buf, &[0, 10, 10, 57, 100], |i, part| part.iter_mut().for_each(|v| *v += i + 1));
         // Task 1's part is empty; elements past the last bound are no task's.
-        let want: Vec<usize> = (0..103).map(|k| match k { 0..10 => 1, 10..57 => 3, 57..100 => 4, _ => 0 }).collect();
+        let want: Vec<usize> = (0..103)
+            .map(|k| match k {
+                0..10 => 1,
+                10..57 => 3,
+                57..100 => 4,
+                _ => 0,
+            })
+            .collect();
         assert_eq!(buf, want);
         let mut buf = vec![0usize; 103];
         run_chunks(&mut buf, 8, |i, chunk| {

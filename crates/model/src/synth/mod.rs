@@ -23,8 +23,8 @@ mod weights;
 
 pub use hub_config::config_json;
 use hub_config::{generation_config_json, pretty};
-pub use shapes::{shape_config, shape_extras, HubExtras, SHAPES};
 use shapes::spec;
+pub use shapes::{shape_config, shape_extras, HubExtras, SHAPES};
 pub use shards::SHARD_BYTES;
 use shards::{torch_dtype_name, write_safetensors};
 pub use weights::synth_tensor;
