@@ -171,7 +171,7 @@ fn main() -> ExitCode {
         }
     }
     if let Ok(v) = std::env::var("FLINT_CPU_ISA") {
-        if let Err(e) = v.parse::<flint_model::kernels::IsaCap>() {
+        if let Err(e) = v.parse::<flint_model::kernels::Isa>() {
             eprintln!("error: FLINT_CPU_ISA: {e}");
             return ExitCode::FAILURE;
         }

@@ -53,10 +53,6 @@ impl Linear {
         })
     }
 
-    pub fn from_qtensor(q: QTensor) -> Result<Self> {
-        Ok(Linear::Quantized { w: QMatMul::from_qtensor(q)?, b: None })
-    }
-
     /// How a packed bf16 weight is computed (`None` for every other kind).
     pub fn bf16_compute(&self) -> Option<Bf16Compute> {
         match self {

@@ -1,32 +1,54 @@
-//! The Qwen2 decoder, read top to bottom: embed → N × (RMSNorm → attention with biased q/k/v and
-//! RoPE → residual → RMSNorm → SiLU-gated MLP → residual) → RMSNorm → lm_head.
+//! The Qwen2 decoder, read top to bottom as candle's `qwen2.rs` (fields named as the checkpoint
+//! names the weights): embed → N × decoder layer (RMSNorm → attention with biased q/k/v and RoPE
+//! → residual → RMSNorm → SiLU-gated MLP → residual) → RMSNorm → lm_head.
 //!
 //! One forward pass runs a [`ForwardBatch`]: the projections and the MLP see every new token of
 //! every sequence at once; attention runs per sequence against the keys and values the caller's
 //! [`KvCache`] returns. Grouped-query attention folds the query heads that share a KV head into
 //! the rows of one matrix product, so K/V heads are never repeated in memory.
+//!
+//! Each projection picks its own kernel ([`Linear`]). What runs between them is [`Ops`]: flint's
+//! row-wise kernels for f32 on the CPU, candle's ops for any other device or dtype. It is chosen
+//! once per pass and is the one place the two differ.
 
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 
 use crate::batch::ForwardBatch;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
-use crate::kernels::matmul_f32::PackedF32;
+use crate::kernels::matmul_f32::{Bf16Compute, PackedF32};
 use crate::kernels::rowwise;
 use crate::kv_cache::KvCache;
-use crate::linear::Linear;
+use crate::linear::{self, Linear};
 use crate::rope::{apply_rope, Rope};
 use crate::weights::{Weight, WeightSource};
 
-enum Embedding {
-    Dense(Tensor),
-    /// A tied f32/bf16/f16 embedding read back from the lm_head's packed panels (one copy in
-    /// memory).
-    Packed(Arc<PackedF32>),
-    Quantized(Arc<QTensor>),
+/// Reads the checkpoint's tensors by name, checking each one's shape; dense ones arrive in the
+/// compute dtype.
+struct Loader<'a> {
+    weights: &'a WeightSource,
+    dtype: DType,
+    device: &'a Device,
+}
+
+impl Loader<'_> {
+    fn dense(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.weights.get_dense(name, shape, self.dtype, self.device)
+    }
+
+    /// `{name}.weight` (`[out, in]`), and `{name}.bias` (`[out]`) when `bias`.
+    fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let w = self.weights.get_matrix(&format!("{name}.weight"), &[out, inp], self.dtype, self.device)?;
+        let b = if bias { Some(self.dense(&format!("{name}.bias"), &[out])?) } else { None };
+        Linear::new(w, b)
+    }
+
+    fn rms_norm(&self, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: self.dense(&format!("{name}.weight"), &[size])?, eps })
+    }
 }
 
 struct RmsNorm {
@@ -45,23 +67,145 @@ impl RmsNorm {
     }
 }
 
-struct Layer {
-    input_layernorm: RmsNorm,
+/// `down_proj(silu(gate_proj(x)) · up_proj(x))`.
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(ld: &Loader, p: &str, cfg: &Qwen2Config) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            gate_proj: ld.linear(&format!("{p}.gate_proj"), i, h, false)?,
+            up_proj: ld.linear(&format!("{p}.up_proj"), i, h, false)?,
+            down_proj: ld.linear(&format!("{p}.down_proj"), h, i, false)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, ops: &Ops) -> Result<Tensor> {
+        self.down_proj.forward(&ops.silu_gate(&self.gate_proj, &self.up_proj, x)?)
+    }
+}
+
+/// Grouped-query self-attention: biased q/k/v projections, RoPE on q and k, attention against
+/// the cache (causal, within the layer's sliding window if it has one), o_proj.
+struct Attention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    post_attention_layernorm: RmsNorm,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
     sliding_window: Option<usize>,
+}
+
+impl Attention {
+    fn load(ld: &Loader, p: &str, cfg: &Qwen2Config, sliding_window: Option<usize>) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        Ok(Self {
+            q_proj: ld.linear(&format!("{p}.q_proj"), nq, h, true)?,
+            k_proj: ld.linear(&format!("{p}.k_proj"), nkv, h, true)?,
+            v_proj: ld.linear(&format!("{p}.v_proj"), nkv, h, true)?,
+            o_proj: ld.linear(&format!("{p}.o_proj"), h, nq, false)?,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: d,
+            sliding_window,
+        })
+    }
+
+    /// `layer`: this attention's layer in the cache.
+    fn forward(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        ops: &Ops,
+        batch: &ForwardBatch,
+        cache: &mut dyn KvCache,
+    ) -> Result<Tensor> {
+        let [q, k, v] = ops.qkv_rope(self, x)?;
+        let y = cache.attention(layer, batch, &q, &k, &v, self.sliding_window)?;
+        self.o_proj.forward(&y)
+    }
+}
+
+struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn load(ld: &Loader, cfg: &Qwen2Config, l: usize) -> Result<Self> {
+        let p = format!("model.layers.{l}");
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let window = cfg.sliding_window_layers.get(l).copied().flatten();
+        // Read in the checkpoint's order.
+        Ok(Self {
+            input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), h, eps)?,
+            self_attn: Attention::load(ld, &format!("{p}.self_attn"), cfg, window)?,
+            post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), h, eps)?,
+            mlp: Mlp::load(ld, &format!("{p}.mlp"), cfg)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        ops: &Ops,
+        batch: &ForwardBatch,
+        cache: &mut dyn KvCache,
+    ) -> Result<Tensor> {
+        let h = ops.rms_norm(&self.input_layernorm, x)?;
+        let x = ops.add(x, &self.self_attn.forward(layer, &h, ops, batch, cache)?)?;
+        let h = ops.rms_norm(&self.post_attention_layernorm, &x)?;
+        ops.add(&x, &self.mlp.forward(&h, ops)?)
+    }
+
+    fn projections(&self) -> [&Linear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
+    }
+}
+
+enum Embedding {
+    Dense(Tensor),
+    /// A tied f32/bf16/f16 embedding read back from the lm_head's packed panels (one copy in
+    /// memory).
+    Packed(Arc<PackedF32>),
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// The rows of `tokens`, `[n, hidden]` in `dtype`.
+    fn forward(&self, tokens: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
+        let n = tokens.len();
+        let ids = || Tensor::from_slice(tokens, n, device);
+        Ok(match self {
+            Embedding::Dense(w) => w.index_select(&ids()?, 0)?.to_dtype(dtype)?,
+            Embedding::Quantized(q) => q.embedding(&ids()?)?.to_dtype(dtype)?,
+            Embedding::Packed(w) => {
+                let h = w.in_features();
+                let mut rows = vec![0f32; n * h];
+                for (dst, &t) in rows.chunks_exact_mut(h).zip(tokens) {
+                    w.row(t as usize, dst);
+                }
+                Tensor::from_vec(rows, (n, h), device)?.to_dtype(dtype)?
+            }
+        })
+    }
 }
 
 pub struct Qwen2Model {
     cfg: Qwen2Config,
     embed_tokens: Embedding,
-    layers: Vec<Layer>,
+    layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
@@ -73,19 +217,8 @@ impl Qwen2Model {
     /// Build the model from `weights`, checking every tensor's shape against `cfg`.
     /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
     pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let (nq, nkv, hd) =
-            (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.head_dim);
-        let _ = hd;
-        let dense = |name: &str, shape: &[usize]| weights.get_dense(name, shape, dtype, device);
-        let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            let w = weights.get_matrix(&format!("{name}.weight"), &[out, inp], dtype, device)?;
-            let b = if bias { Some(dense(&format!("{name}.bias"), &[out])?) } else { None };
-            Linear::new(w, b)
-        };
-        let norm =
-            |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: dense(name, &[h])?, eps: cfg.rms_norm_eps }) };
-
+        let ld = Loader { weights, dtype, device };
+        let h = cfg.hidden_size;
         // A tied embedding is also the lm_head matrix; either way it may stay bf16 (an untied
         // one is widened a row at a time as tokens are looked up: in f32 it would be twice the
         // bytes, 2.2 GB for a 7B vocabulary).
@@ -93,53 +226,27 @@ impl Qwen2Model {
         // As transformers: a tied model uses the embedding as lm_head even if the file also
         // ships an `lm_head.weight`; an untied one must ship it. A tied one is packed before the
         // layers load, so its unpacked copy is gone before the rest arrives.
-        let (embed_tokens, tied_head) = if !cfg.tie_word_embeddings {
-            (embedding(embed_w), None)
+        let (embed_tokens, tied_head) = if cfg.tie_word_embeddings {
+            let (embedding, head) = tied_embedding(embed_w)?;
+            (embedding, Some(head))
         } else {
-            match embed_w {
-                Weight::Dense(t)
-                    if matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) && t.device().is_cpu() =>
-                {
-                    let packed = Arc::new(crate::linear::pack(&t)?);
-                    (Embedding::Packed(packed.clone()), Some(Linear::Packed { w: packed, b: None }))
-                }
-                Weight::Dense(t) => (Embedding::Dense(t.clone()), Some(Linear::Dense { w: t, b: None })),
-                Weight::Quantized(q) => {
-                    let q = Arc::new(q);
-                    let head = match crate::linear::pack_q8(&q)? {
-                        Some(p) => Linear::PackedQ8 { w: Arc::new(p), b: None },
-                        None => Linear::Quantized { w: candle_core::quantized::QMatMul::from_arc(q.clone())?, b: None },
-                    };
-                    (Embedding::Quantized(q), Some(head))
-                }
-            }
+            let embedding = match embed_w {
+                Weight::Dense(t) => Embedding::Dense(t),
+                Weight::Quantized(q) => Embedding::Quantized(Arc::new(q)),
+            };
+            (embedding, None)
         };
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for l in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            layers.push(Layer {
-                input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
-                q_proj: linear(&format!("{p}.self_attn.q_proj"), nq, h, true)?,
-                k_proj: linear(&format!("{p}.self_attn.k_proj"), nkv, h, true)?,
-                v_proj: linear(&format!("{p}.self_attn.v_proj"), nkv, h, true)?,
-                o_proj: linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
-                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_proj: linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
-                up_proj: linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
-                down_proj: linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
-                sliding_window: cfg.sliding_window_layers.get(l).copied().flatten(),
-            });
-        }
-        let norm_f = norm("model.norm.weight")?;
+        let layers = (0..cfg.num_hidden_layers).map(|l| DecoderLayer::load(&ld, cfg, l)).collect::<Result<Vec<_>>>()?;
+        let norm = ld.rms_norm("model.norm", h, cfg.rms_norm_eps)?;
         let lm_head = match tied_head {
             Some(head) => head,
-            None => linear("lm_head", cfg.vocab_size, h, false)?,
+            None => ld.linear("lm_head", cfg.vocab_size, h, false)?,
         };
         Ok(Self {
             cfg: cfg.clone(),
             embed_tokens,
             layers,
-            norm: norm_f,
+            norm,
             lm_head,
             rope: Rope::new(&cfg.rope, cfg.head_dim),
             dtype,
@@ -160,8 +267,12 @@ impl Qwen2Model {
     }
 
     /// How the bf16 weights are computed, `None` when none is bf16 on the CPU.
-    pub fn bf16_compute(&self) -> Option<crate::kernels::matmul_f32::Bf16Compute> {
-        self.layers.iter().flat_map(|l| [&l.q_proj, &l.down_proj]).chain([&self.lm_head]).find_map(|p| p.bf16_compute())
+    pub fn bf16_compute(&self) -> Option<Bf16Compute> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.self_attn.q_proj, &l.mlp.down_proj])
+            .chain([&self.lm_head])
+            .find_map(|p| p.bf16_compute())
     }
 
     /// True when a sequence's logits cannot depend on the rest of its batch: every projection
@@ -169,37 +280,14 @@ impl Qwen2Model {
     /// Dense weights on other devices go through candle's dense matmul, which is not.
     pub fn is_batch_invariant(&self) -> bool {
         self.lm_head.is_row_independent()
-            && self.layers.iter().all(|l| {
-                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
-                    .iter()
-                    .all(|p| p.is_row_independent())
-            })
+            && self.layers.iter().all(|l| l.projections().iter().all(|p| p.is_row_independent()))
     }
 
-    /// Run one batch. Returns f32 logits `[rows, vocab_size]` for `batch.logit_rows()`, in order
-    /// (`None` when no sequence asked for any).
-    pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
-        match self.last_hidden(batch, cache)? {
-            None => Ok(None),
-            Some(last) => Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?)),
-        }
-    }
-
-    /// [`forward`](Self::forward) with the logits as one flat `Vec` `[rows · vocab_size]`: on the
-    /// CPU the lm_head kernel's own output, with no copy out of a tensor (megabytes per step
-    /// for a batch of decodes).
+    /// Run one batch. Returns f32 logits `[rows · vocab_size]` for `batch.logit_rows()`, in
+    /// order, as one flat `Vec` (on the CPU the lm_head kernel's own output, with no copy out of
+    /// a tensor: megabytes per step for a batch of decodes); `None` when no sequence asked for
+    /// any.
     pub fn forward_logits(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Vec<f32>>> {
-        let Some(last) = self.last_hidden(batch, cache)? else { return Ok(None) };
-        if self.cpu_f32() {
-            if let Some(v) = self.lm_head.forward_vec(&last)? {
-                return Ok(Some(v));
-            }
-        }
-        Ok(Some(self.lm_head.forward(&last)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
-    }
-
-    /// The final-normed hidden states of `batch.logit_rows()` (`None` if there are none).
-    fn last_hidden(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
         batch.validate()?;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
             return Err(ModelError::Batch(format!(
@@ -207,137 +295,148 @@ impl Qwen2Model {
                 self.cfg.vocab_size
             )));
         }
-        let n = batch.num_tokens();
-        let ids = Tensor::from_slice(&batch.tokens, n, &self.device)?;
-        let mut x = match &self.embed_tokens {
-            Embedding::Dense(w) => w.index_select(&ids, 0)?.to_dtype(self.dtype)?,
-            Embedding::Quantized(q) => q.embedding(&ids)?.to_dtype(self.dtype)?,
-            Embedding::Packed(w) => {
-                let h = w.in_features();
-                let mut rows = vec![0f32; n * h];
-                for (dst, &t) in rows.chunks_exact_mut(h).zip(&batch.tokens) {
-                    w.row(t as usize, dst);
-                }
-                Tensor::from_vec(rows, (n, h), &self.device)?.to_dtype(self.dtype)?
-            }
-        };
-        let (cos, sin) = self.rope.cos_sin(&batch.positions, &self.device)?;
-        if self.cpu_f32() {
-            // The same layer with flint's own row-wise ops (see `kernels::rowwise`).
-            let (cos_v, sin_v) = (cos.flatten_all()?.to_vec1::<f32>()?, sin.flatten_all()?.to_vec1::<f32>()?);
-            for (l, layer) in self.layers.iter().enumerate() {
-                let h = rowwise::rms_norm(&x, &layer.input_layernorm.weight, layer.input_layernorm.eps)?;
-                let attn = self.attention_cpu(l, layer, &h, &cos_v, &sin_v, batch, cache)?;
-                x = rowwise::add(&x, &layer.o_proj.forward(&attn)?)?;
-                let eps = layer.post_attention_layernorm.eps;
-                let h = rowwise::rms_norm(&x, &layer.post_attention_layernorm.weight, eps)?;
-                let gated = self.gated_mlp_input(layer, &h)?;
-                x = rowwise::add(&x, &layer.down_proj.forward(&gated)?)?;
-            }
-        } else {
-            for (l, layer) in self.layers.iter().enumerate() {
-                let h = layer.input_layernorm.forward(&x)?;
-                let attn = self.attention(l, layer, &h, &cos, &sin, batch, cache)?;
-                x = (x + layer.o_proj.forward(&attn)?)?;
-                let h = layer.post_attention_layernorm.forward(&x)?;
-                let gate = layer.gate_proj.forward(&h)?.silu()?;
-                let up = layer.up_proj.forward(&h)?;
-                x = (x + layer.down_proj.forward(&(gate * up)?)?)?;
-            }
+        let mut x = self.embed_tokens.forward(&batch.tokens, self.dtype, &self.device)?;
+        let ops = Ops::new(&self.rope, &batch.positions, &self.device, self.dtype)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(l, &x, &ops, batch, cache)?;
         }
         let rows = batch.logit_rows();
         if rows.is_empty() {
             return Ok(None);
         }
-        let rows_t = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
-        let last = x.index_select(&rows_t, 0)?;
-        let last = if self.cpu_f32() {
-            rowwise::rms_norm(&last, &self.norm.weight, self.norm.eps)?
-        } else {
-            self.norm.forward(&last)?
-        };
-        Ok(Some(last))
+        let rows = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
+        let last = ops.rms_norm(&self.norm, &x.index_select(&rows, 0)?)?;
+        Ok(Some(ops.logits(&self.lm_head, &last)?))
     }
 
-    /// f32 on the CPU: the hidden state stays f32 and the row-wise ops are flint's own.
-    fn cpu_f32(&self) -> bool {
-        self.device.is_cpu() && self.dtype == DType::F32
-    }
-
-    /// `silu(gate_proj(h)) · up_proj(h)`: from the int8 kernel's fused epilogue when it can,
-    /// else the two projections (in one kernel call where possible) and flint's `silu_mul`.
-    fn gated_mlp_input(&self, layer: &Layer, h: &Tensor) -> Result<Tensor> {
-        let (n, dev) = (h.dim(0)?, h.device());
-        if let Some(v) = Linear::forward_gated(h, &layer.gate_proj, &layer.up_proj)? {
-            let shape = (n, v.len() / n.max(1));
-            return Ok(Tensor::from_vec(v, shape, dev)?);
-        }
-        let fused = Linear::forward_vec_many(h, &[&layer.gate_proj, &layer.up_proj])?
-            .and_then(|v| <[Vec<f32>; 2]>::try_from(v).ok());
-        match fused {
-            Some([gate, up]) => {
-                let shape = (n, gate.len() / n.max(1));
-                rowwise::silu_mul(&Tensor::from_vec(gate, shape, dev)?, &Tensor::from_vec(up, shape, dev)?)
-            }
-            None => rowwise::silu_mul(&layer.gate_proj.forward(h)?, &layer.up_proj.forward(h)?),
-        }
-    }
-
-    /// [`attention`](Self::attention) with RoPE applied in place on the projections' buffers.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_cpu(
-        &self,
-        l: usize,
-        layer: &Layer,
-        h: &Tensor,
-        cos: &[f32],
-        sin: &[f32],
-        batch: &ForwardBatch,
-        cache: &mut dyn KvCache,
-    ) -> Result<Tensor> {
-        let n = h.dim(0)?;
-        let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
-        let projections = [&layer.q_proj, &layer.k_proj, &layer.v_proj];
-        // Straight from flint's kernels, one call for the three when they are int8.
-        let fused = Linear::forward_vec_many(h, &projections)?.and_then(|v| <[Vec<f32>; 3]>::try_from(v).ok());
-        let [mut q, mut k, v] = match fused {
-            Some(qkv) => qkv,
-            None => {
-                let vec = |p: &Linear| -> Result<Vec<f32>> { Ok(p.forward(h)?.flatten_all()?.to_vec1::<f32>()?) };
-                [vec(&layer.q_proj)?, vec(&layer.k_proj)?, vec(&layer.v_proj)?]
-            }
-        };
-        rowwise::rope(&mut q, n, hq, d, cos, sin);
-        rowwise::rope(&mut k, n, hkv, d, cos, sin);
-        let dev = h.device();
-        let (q, k) = (Tensor::from_vec(q, (n, hq, d), dev)?, Tensor::from_vec(k, (n, hkv, d), dev)?);
-        let v = Tensor::from_vec(v, (n, hkv, d), dev)?;
-        cache.attention(l, batch, &q, &k, &v, layer.sliding_window)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        l: usize,
-        layer: &Layer,
-        h: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        batch: &ForwardBatch,
-        cache: &mut dyn KvCache,
-    ) -> Result<Tensor> {
-        let n = h.dim(0)?;
-        let (hq, hkv, d) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
-        let q = apply_rope(&layer.q_proj.forward(h)?.reshape((n, hq, d))?, cos, sin)?;
-        let k = apply_rope(&layer.k_proj.forward(h)?.reshape((n, hkv, d))?, cos, sin)?;
-        let v = layer.v_proj.forward(h)?.reshape((n, hkv, d))?;
-        cache.attention(l, batch, &q, &k, &v, layer.sliding_window)
+    /// [`forward_logits`](Self::forward_logits) as a tensor `[rows, vocab_size]` on the model's
+    /// device.
+    pub fn forward(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Tensor>> {
+        let Some(logits) = self.forward_logits(batch, cache)? else { return Ok(None) };
+        let shape = (logits.len() / self.cfg.vocab_size.max(1), self.cfg.vocab_size);
+        Ok(Some(Tensor::from_vec(logits, shape, &self.device)?))
     }
 }
 
-fn embedding(w: Weight) -> Embedding {
-    match w {
-        Weight::Dense(t) => Embedding::Dense(t),
-        Weight::Quantized(q) => Embedding::Quantized(Arc::new(q)),
+/// A tied embedding and the lm_head that shares its weight. Dense CPU weights are packed once for
+/// the lm_head's kernel and read back from the panels for lookups; GGUF ones are repacked for the
+/// int8 kernel where it takes them.
+fn tied_embedding(w: Weight) -> Result<(Embedding, Linear)> {
+    Ok(match w {
+        Weight::Dense(t) if matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) && t.device().is_cpu() => {
+            let packed = Arc::new(linear::pack(&t)?);
+            (Embedding::Packed(packed.clone()), Linear::Packed { w: packed, b: None })
+        }
+        Weight::Dense(t) => (Embedding::Dense(t.clone()), Linear::Dense { w: t, b: None }),
+        Weight::Quantized(q) => {
+            let q = Arc::new(q);
+            let head = match linear::pack_q8(&q)? {
+                Some(p) => Linear::PackedQ8 { w: Arc::new(p), b: None },
+                None => Linear::Quantized { w: QMatMul::from_arc(q.clone())?, b: None },
+            };
+            (Embedding::Quantized(q), head)
+        }
+    })
+}
+
+/// What runs between the matrix products of one forward pass, with RoPE's tables for its
+/// positions: the one place f32 on the CPU and every other device or dtype differ.
+enum Ops {
+    /// f32 on the CPU: flint's row-wise kernels ([`rowwise`]) on the hidden state, RoPE applied
+    /// in place on the projections' own buffers, q/k/v and gate/up in one kernel call where the
+    /// weights allow, and the logits straight from the lm_head kernel. Every step is
+    /// row-independent.
+    Rowwise { cos: Vec<f32>, sin: Vec<f32> },
+    /// Any other device or dtype: candle's ops.
+    Candle { cos: Tensor, sin: Tensor },
+}
+
+impl Ops {
+    fn new(rope: &Rope, positions: &[u32], device: &Device, dtype: DType) -> Result<Self> {
+        let (cos, sin) = rope.cos_sin(positions, device)?;
+        Ok(if device.is_cpu() && dtype == DType::F32 {
+            Ops::Rowwise { cos: cos.flatten_all()?.to_vec1::<f32>()?, sin: sin.flatten_all()?.to_vec1::<f32>()? }
+        } else {
+            Ops::Candle { cos, sin }
+        })
+    }
+
+    fn rms_norm(&self, norm: &RmsNorm, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Ops::Rowwise { .. } => rowwise::rms_norm(x, &norm.weight, norm.eps),
+            Ops::Candle { .. } => norm.forward(x),
+        }
+    }
+
+    /// The residual connection, `a + b`.
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        match self {
+            Ops::Rowwise { .. } => rowwise::add(a, b),
+            Ops::Candle { .. } => Ok((a + b)?),
+        }
+    }
+
+    /// `attn`'s queries, keys and values for `x` (`[n, heads, head_dim]` each), RoPE applied to
+    /// the queries and keys.
+    fn qkv_rope(&self, attn: &Attention, x: &Tensor) -> Result<[Tensor; 3]> {
+        let n = x.dim(0)?;
+        let (hq, hkv, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
+        match self {
+            Ops::Rowwise { cos, sin } => {
+                // Straight from flint's kernels, one call for the three when they are int8.
+                let projections = [&attn.q_proj, &attn.k_proj, &attn.v_proj];
+                let fused = Linear::forward_vec_many(x, &projections)?.and_then(|v| <[Vec<f32>; 3]>::try_from(v).ok());
+                let [mut q, mut k, v] = match fused {
+                    Some(qkv) => qkv,
+                    None => {
+                        let vec =
+                            |p: &Linear| -> Result<Vec<f32>> { Ok(p.forward(x)?.flatten_all()?.to_vec1::<f32>()?) };
+                        [vec(&attn.q_proj)?, vec(&attn.k_proj)?, vec(&attn.v_proj)?]
+                    }
+                };
+                rowwise::rope(&mut q, n, hq, d, cos, sin);
+                rowwise::rope(&mut k, n, hkv, d, cos, sin);
+                let dev = x.device();
+                let (q, k) = (Tensor::from_vec(q, (n, hq, d), dev)?, Tensor::from_vec(k, (n, hkv, d), dev)?);
+                Ok([q, k, Tensor::from_vec(v, (n, hkv, d), dev)?])
+            }
+            Ops::Candle { cos, sin } => {
+                let q = apply_rope(&attn.q_proj.forward(x)?.reshape((n, hq, d))?, cos, sin)?;
+                let k = apply_rope(&attn.k_proj.forward(x)?.reshape((n, hkv, d))?, cos, sin)?;
+                let v = attn.v_proj.forward(x)?.reshape((n, hkv, d))?;
+                Ok([q, k, v])
+            }
+        }
+    }
+
+    /// `silu(gate(x)) · up(x)`. On the CPU from the int8 kernel's fused epilogue when it can,
+    /// else the two projections (in one kernel call where possible) and flint's `silu_mul`.
+    fn silu_gate(&self, gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
+        if let Ops::Candle { .. } = self {
+            return Ok((gate.forward(x)?.silu()? * up.forward(x)?)?);
+        }
+        let (n, dev) = (x.dim(0)?, x.device());
+        if let Some(v) = Linear::forward_gated(x, gate, up)? {
+            let shape = (n, v.len() / n.max(1));
+            return Ok(Tensor::from_vec(v, shape, dev)?);
+        }
+        let fused = Linear::forward_vec_many(x, &[gate, up])?.and_then(|v| <[Vec<f32>; 2]>::try_from(v).ok());
+        match fused {
+            Some([g, u]) => {
+                let shape = (n, g.len() / n.max(1));
+                rowwise::silu_mul(&Tensor::from_vec(g, shape, dev)?, &Tensor::from_vec(u, shape, dev)?)
+            }
+            None => rowwise::silu_mul(&gate.forward(x)?, &up.forward(x)?),
+        }
+    }
+
+    /// `lm_head(x)` as f32 `[rows · vocab]`.
+    fn logits(&self, lm_head: &Linear, x: &Tensor) -> Result<Vec<f32>> {
+        if let Ops::Rowwise { .. } = self {
+            if let Some(v) = lm_head.forward_vec(x)? {
+                return Ok(v);
+            }
+        }
+        Ok(lm_head.forward(x)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
     }
 }

@@ -25,7 +25,7 @@
 //! reads its own block from the [`ExactBlock`]s its sequence supplies and every earlier block from
 //! the codes, so whether a block was already full when a row ran never changes the row.
 
-use super::pool;
+use super::{pool, Isa};
 
 mod int8;
 mod portable;
@@ -108,39 +108,25 @@ pub fn paged_attention(
     // Whole tasks first; if they give the threads too little, split the short chunks by segment.
     let units: usize = seqs.iter().map(|s| kv.kv_heads * s.num_tokens.div_ceil(QUERY_TILE)).sum();
     let split = units < 2 * pool::threads();
-    attention_with(q, q_heads, seqs, kv, window, out, split, Path::best(kv.head_dim));
+    attention_with(q, q_heads, seqs, kv, window, out, split, Isa::detected());
 }
 
-/// The instruction sets [`segment`] can run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Path {
-    Scalar,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512,
-    /// AVX-512 with VNNI: the int8 cache's integer sums in one instruction per 64 (keys) or 32
-    /// (values) products; the same sums as [`Path::Avx512`], which builds them from `vpmaddwd`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512Vnni,
-}
-
-impl Path {
-    /// The fastest this CPU (and `FLINT_CPU_ISA`) allows for head size `d`.
-    pub(super) fn best(d: usize) -> Path {
-        #[cfg(target_arch = "x86_64")]
-        if super::has_avx512() && x86::handles(d) {
-            return if super::has_vnni() { Path::Avx512Vnni } else { Path::Avx512 };
-        }
-        if super::has_avx2() {
-            Path::Avx2
-        } else {
-            Path::Scalar
-        }
+/// The widest path [`segment`] has for head size `d` on this CPU: AVX-512 where the head size
+/// suits it, with VNNI for the int8 cache's integer sums (one instruction per 64 key or 32 value
+/// products; the same sums plain AVX-512 builds from `vpmaddwd`); else AVX2; else scalar.
+pub(super) fn widest_path(d: usize) -> Isa {
+    let isa = Isa::detected().min(Isa::Avx512Vnni);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && !x86::handles(d) {
+        return Isa::Avx2;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = d;
+    isa
 }
 
-/// [`paged_attention`] with the split and the path chosen by the caller (the tests try them all).
+/// [`paged_attention`] with the split chosen by the caller, on `isa` or the widest path below it
+/// (the tests try them all).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention_with(
     q: &[f32],
@@ -150,9 +136,10 @@ pub(super) fn attention_with(
     window: Option<usize>,
     out: &mut [f32],
     split: bool,
-    path: Path,
+    isa: Isa,
 ) {
     let (d, hkv, bs) = (kv.head_dim, kv.kv_heads, kv.block_size);
+    let path = isa.min(widest_path(d));
     let g = q_heads / hkv;
     let seg_blocks = (SEGMENT_TOKENS / bs).max(1);
     let mut tasks = Vec::new();
@@ -179,14 +166,7 @@ pub(super) fn attention_with(
         offsets.push(offsets.last().copied().unwrap_or(0) + (t.t1 - t.t0) * g * width);
     }
     let mut results = vec![0f32; offsets.last().copied().unwrap_or(0)];
-    let base = SendPtr(results.as_mut_ptr());
-    let base = &base;
-    pool::run(tasks.len(), |i| {
-        // SAFETY: task i writes only `offsets[i]..offsets[i + 1]` of `results`, which outlives
-        // the parallel region; the ranges are disjoint.
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(offsets[i]), offsets[i + 1] - offsets[i]) };
-        ctx.run(&tasks[i], dst);
-    });
+    pool::run_parts(&mut results, &offsets, |i, dst| ctx.run(&tasks[i], dst));
     // Whole tasks hold their rows' outputs; split tasks one segment's partials each, folded here
     // in segment order (the tasks of one (sequence, head) are consecutive, segments ascending).
     let mut i = 0;
@@ -223,11 +203,6 @@ pub(super) fn attention_with(
     }
 }
 
-/// The result buffer, shared by the tasks that each write their own part of it.
-struct SendPtr(*mut f32);
-// SAFETY: only used to hand disjoint ranges of one buffer to the pool's tasks.
-unsafe impl Sync for SendPtr {}
-
 /// Query tokens `t0..t1` of sequence `s` (all query heads of KV head `h`): every segment, folded
 /// into finished outputs `[rows][d]`; or segment `seg` alone, as `[rows][1 + 2 + d]` partials
 /// (touched flag, max, sum, weighted values).
@@ -248,7 +223,7 @@ struct Ctx<'a> {
     window: Option<usize>,
     seg_blocks: usize,
     scale: f32,
-    path: Path,
+    path: Isa,
 }
 
 /// A query row of a task: its query (already multiplied by 1/√d) at `q[r·d..]`, the keys it sees
@@ -361,11 +336,11 @@ impl Totals {
     }
 
     /// [`fold`](Self::fold) compiled with FMA where the path has it (a call per element otherwise).
-    fn fold_on(&mut self, path: Path, r: usize, m: f32, l: f32, o: &[f32]) {
+    fn fold_on(&mut self, path: Isa, r: usize, m: f32, l: f32, o: &[f32]) {
         match path {
             // SAFETY: the AVX2 and AVX-512 paths are only chosen where AVX2 and FMA exist.
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 | Path::Avx512 | Path::Avx512Vnni => unsafe { self.fold_fma(r, m, l, o) },
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Avx512Bf16 => unsafe { self.fold_fma(r, m, l, o) },
             _ => self.fold(r, m, l, o),
         }
     }
@@ -489,18 +464,18 @@ impl Ctx<'_> {
 }
 
 /// One segment (blocks `b0..b1`) for every row of `rows`, on `path`.
-fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, path: Path) {
+fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, path: Isa) {
     match path {
-        // SAFETY: `Path::best` (or a test that checked the CPU) chose the path: AVX-512F/BW are
-        // there and the head size is one it handles.
+        // SAFETY: `attention_with` capped the path at `widest_path`: AVX-512F/BW are there and
+        // the head size is one it handles.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { x86::segment(rows, b0, b1, st, false) },
+        Isa::Avx512 => unsafe { x86::segment(rows, b0, b1, st, false) },
         // SAFETY: as above, and AVX-512 VNNI is there.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::segment(rows, b0, b1, st, true) },
+        Isa::Avx512Vnni | Isa::Avx512Bf16 => unsafe { x86::segment(rows, b0, b1, st, true) },
         // SAFETY: as above, AVX2 and FMA are there.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { Portable::segment_avx2(rows, b0, b1, st) },
+        Isa::Avx2 => unsafe { Portable::segment_avx2(rows, b0, b1, st) },
         _ => Portable::segment(rows, b0, b1, st),
     }
 }

@@ -25,7 +25,7 @@ use super::huge_buf::HugeBuf;
 // Rounding to the nearest bf16, ties to even (NaN stays NaN): the KV cache's own conversion.
 use super::kv_quant::to_bf16 as round_to_bf16;
 use super::matmul_f32::PANEL;
-use super::{by_panel_stripes, Stripe};
+use super::{by_panel_stripes, Isa, Stripe};
 
 /// Rows per micro-tile: each loaded pair of panel vectors feeds this many rows.
 const ROWS: usize = 8;
@@ -131,7 +131,7 @@ pub fn dpbf16(acc: f32, w: u32, x: u32) -> f32 {
 
 /// Whether this CPU runs `vdpbf16ps` (and the ISA cap allows it).
 pub fn simd_available() -> bool {
-    super::has_avx512_bf16()
+    Isa::Avx512Bf16.available()
 }
 
 /// Products per second of `vdpbf16ps` over those of f32 FMAs on this core (`None` without the
@@ -167,9 +167,9 @@ pub fn dot_speedup() -> Option<f64> {
 }
 
 /// `y[m, out] = round_bf16(x)[m, in] · Wᵀ` for pair panels `w` (see [`to_pair_panels`]); the
-/// SIMD kernel when `simd` (and the CPU has it), else the emulation, with the same bits.
-pub(crate) fn run(simd: bool, x: &[f32], m: usize, w: &[u16], out: usize, inp: usize, y: &mut [MaybeUninit<f32>]) {
-    let simd = simd && simd_available();
+/// SIMD kernel on [`Isa::Avx512Bf16`] (where available), else the emulation, with the same bits.
+pub(crate) fn run(isa: Isa, x: &[f32], m: usize, w: &[u16], out: usize, inp: usize, y: &mut [MaybeUninit<f32>]) {
+    let simd = isa.or_scalar() >= Isa::Avx512Bf16;
     assert_eq!(x.len(), m * inp, "matmul input length");
     assert_eq!(y.len(), m * out, "matmul output length");
     let kp = pairs(inp);
@@ -331,9 +331,10 @@ mod tests {
         f32::from_bits((bits as u32) << 16)
     }
 
+    /// The SIMD kernel (where the CPU has it) or the emulation.
     fn matmul(simd: bool, x: &[f32], m: usize, w: &HugeBuf<u16>, out: usize, inp: usize) -> Vec<f32> {
         let mut y = vec![MaybeUninit::new(f32::NAN); m * out];
-        run(simd, x, m, w, out, inp, &mut y);
+        run(if simd { Isa::Avx512Bf16 } else { Isa::Scalar }, x, m, w, out, inp, &mut y);
         crate::kernels::written(&y)
     }
 

@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 
 use super::huge_buf::{HugeBuf, Plain};
 use super::matmul_bf16;
-use super::{as_uninit, by_panel_stripes};
+use super::{as_uninit, by_panel_stripes, Isa};
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
 pub const PANEL: usize = 16;
@@ -224,40 +224,14 @@ impl PackedF32 {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Scalar,
-    Avx2Fma,
-    Avx512,
-}
-
-/// The best instruction set this CPU supports (checked at run time, so one binary runs anywhere).
-pub fn detect_isa() -> Isa {
-    if super::has_avx512() {
-        Isa::Avx512
-    } else if super::has_avx2() {
-        Isa::Avx2Fma
-    } else {
-        Isa::Scalar
-    }
-}
-
-fn supported(isa: Isa) -> bool {
-    match isa {
-        Isa::Scalar => true,
-        Isa::Avx2Fma => matches!(detect_isa(), Isa::Avx2Fma | Isa::Avx512),
-        Isa::Avx512 => detect_isa() == Isa::Avx512,
-    }
-}
-
 /// `y[m, out] = x[m, in] · Wᵀ`. Panels are split across the kernel pool's threads; rows are tiled by eight.
 pub fn matmul(x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {
-    matmul_with(detect_isa(), x, m, w, y)
+    matmul_with(Isa::detected(), x, m, w, y)
 }
 
 /// [`matmul`] into an uninitialised `y`; every one of its `m · out` values is written.
 pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
-    run(detect_isa(), x, m, w, y)
+    run(Isa::detected(), x, m, w, y)
 }
 
 /// [`matmul`] with an explicit instruction set (tests compare them bit for bit). One this CPU
@@ -267,11 +241,11 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
 }
 
 fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
-    let isa = if supported(isa) { isa } else { Isa::Scalar };
     if let PanelData::Bf16Pairs(panels) = &w.data {
-        // The SIMD kernel wherever the CPU has it (`Isa::Scalar` asks for the emulation).
-        return matmul_bf16::run(isa == Isa::Avx512, x, m, panels, w.out, w.inp, y);
+        return matmul_bf16::run(isa, x, m, panels, w.out, w.inp, y);
     }
+    // AVX-512 is the widest path this kernel has.
+    let isa = isa.or_scalar().min(Isa::Avx512);
     assert_eq!(x.len(), m * w.inp, "matmul input length");
     assert_eq!(y.len(), m * w.out, "matmul output length");
     // With several row tiles each 16-bit panel would be widened once per tile; widen it once
@@ -334,9 +308,8 @@ fn widen_into(isa: Isa, src: Panel, dst: &mut [f32]) {
 
 /// `acc[i][c] = Σ_k x[i][k] · panel[k][c]` for `rows ≤ 4` rows, k ascending, one FMA per term.
 fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f32; PANEL]; ROWS]) {
-    // SAFETY (all arms): `detect_isa` (or the caller, in tests, after checking) confirmed the
-    // features (AVX2 implies F16C here); the pointers are to a whole panel of `k · PANEL` values
-    // of the kind named.
+    // SAFETY (all arms): `run` only passes an available ISA (`Isa::Avx2` includes F16C); the
+    // pointers are to a whole panel of `k · PANEL` values of the kind named.
     let (kind, p) = (panel.kind(), panel.ptr());
     match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
@@ -346,11 +319,11 @@ fn tile(isa: Isa, x: &[f32], rows: usize, k: usize, panel: Panel, acc: &mut [[f3
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, _) => unsafe { x86::tile_avx512::<{ x86k::F16 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2Fma, x86k::F32) => unsafe { x86::tile_avx2::<{ x86k::F32 }>(x, rows, k, p, acc) },
+        (Isa::Avx2, x86k::F32) => unsafe { x86::tile_avx2::<{ x86k::F32 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2Fma, x86k::BF16) => unsafe { x86::tile_avx2::<{ x86k::BF16 }>(x, rows, k, p, acc) },
+        (Isa::Avx2, x86k::BF16) => unsafe { x86::tile_avx2::<{ x86k::BF16 }>(x, rows, k, p, acc) },
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2Fma, _) => unsafe { x86::tile_avx2::<{ x86k::F16 }>(x, rows, k, p, acc) },
+        (Isa::Avx2, _) => unsafe { x86::tile_avx2::<{ x86k::F16 }>(x, rows, k, p, acc) },
         _ => tile_scalar(x, rows, k, panel, acc),
     }
 }
@@ -552,19 +525,10 @@ mod tests {
     use super::*;
     use crate::kernels::test_data as data;
 
+    /// Every path this CPU has: scalar, AVX2, AVX-512, and for bf16 dot-product weights
+    /// AVX-512 BF16 (below it they run the emulation).
     fn isas() -> Vec<Isa> {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                v.push(Isa::Avx2Fma);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16].into_iter().filter(|i| i.available()).collect()
     }
 
     #[test]

@@ -25,10 +25,9 @@
 #![allow(clippy::needless_range_loop)] // index loops mirror the SIMD lanes they stand for
 
 use std::mem::MaybeUninit;
-use std::sync::{Mutex, OnceLock};
 
 use super::huge_buf::HugeBuf;
-use super::{as_uninit, by_panel_stripes_many, pool};
+use super::{as_uninit, by_panel_stripes_many, pool, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -280,17 +279,14 @@ impl PackedQ8 {
         let mut data = HugeBuf::<u8>::zeroed(out.div_ceil(COLS) * panel_bytes);
         let row_bytes = (inp / gv) * gb;
         // Panels are independent: a 7B checkpoint's worth is worth packing on every thread.
-        let panels: Vec<Mutex<&mut [u8]>> = data.chunks_mut(panel_bytes).map(Mutex::new).collect();
-        pool::run(panels.len(), |p| {
-            let mut panel = panels[p].lock().unwrap_or_else(|e| e.into_inner());
+        pool::run_chunks(&mut data, panel_bytes, |p, panel| {
             for c in 0..COLS.min(out - p * COLS) {
                 let o = p * COLS + c;
                 for (g, blk) in raw[o * row_bytes..(o + 1) * row_bytes].chunks_exact(gb).enumerate() {
-                    pack_block(format, &decode(format, blk), g * (gv / QK), c, &mut panel);
+                    pack_block(format, &decode(format, blk), g * (gv / QK), c, panel);
                 }
             }
         });
-        drop(panels);
         Some(Self { format, out, inp, data })
     }
 
@@ -354,8 +350,8 @@ fn offset_terms(sum: &[i32], half: &[i32]) -> Vec<[i32; 4]> {
 
 fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Vnni {
-        // SAFETY: `Vnni` is only chosen after detecting AVX-512F/BW/VNNI.
+    if isa == Isa::Avx512Vnni {
+        // SAFETY: `path` only gives `Avx512Vnni` where AVX-512F/BW/VNNI are available.
         return unsafe { x86::quantize_row(x) };
     }
     let _ = isa;
@@ -390,41 +386,23 @@ fn quantize_row_scalar(x: &[f32]) -> QuantRow {
     row
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Scalar,
-    /// AVX2 + FMA + F16C (`vpmaddubsw`).
-    Avx2,
-    /// AVX-512 F/BW + VNNI (`vpdpbusd`).
-    Vnni,
-}
-
-pub fn detect_isa() -> Isa {
-    if super::has_vnni() {
-        Isa::Vnni
-    } else if super::has_avx2() {
-        Isa::Avx2
-    } else {
-        Isa::Scalar
-    }
-}
-
-/// Whether this CPU can run `isa`.
-fn available(isa: Isa) -> bool {
-    match isa {
-        Isa::Scalar => true,
-        Isa::Avx2 => detect_isa() != Isa::Scalar,
-        Isa::Vnni => detect_isa() == Isa::Vnni,
+/// The path this kernel takes on `isa` (one the CPU lacks gives the scalar path: same bits):
+/// VNNI, else AVX2 (on AVX-512 without VNNI too), else scalar.
+fn path(isa: Isa) -> Isa {
+    match isa.or_scalar() {
+        Isa::Avx512Vnni | Isa::Avx512Bf16 => Isa::Avx512Vnni,
+        Isa::Avx2 | Isa::Avx512 => Isa::Avx2,
+        Isa::Scalar => Isa::Scalar,
     }
 }
 
 pub fn matmul(x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
-    matmul_with(detect_isa(), x, m, w, y)
+    matmul_with(Isa::detected(), x, m, w, y)
 }
 
 /// [`matmul`] into an uninitialised `y`; every one of its `m · out` values is written.
 pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
-    run(detect_isa(), x, m, &[w], &mut [y])
+    run(Isa::detected(), x, m, &[w], &mut [y])
 }
 
 /// Several matrices with the same input width applied to the same `x` (a layer's q/k/v, or its
@@ -432,7 +410,7 @@ pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedQ8, y: &mut [MaybeUninit<f32
 /// quantized once and all the matrices share one parallel region; each output has exactly the
 /// bits [`matmul`] gives it alone. The formats may differ (Q4_K_M mixes Q4_K and Q6_K).
 pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUninit<f32>]]) {
-    run(detect_isa(), x, m, ws, ys)
+    run(Isa::detected(), x, m, ws, ys)
 }
 
 /// [`matmul`] on a chosen path (one this CPU lacks falls back to scalar: same bits).
@@ -441,7 +419,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedQ8, y: &mut [f32]) {
 }
 
 fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUninit<f32>]]) {
-    let isa = if available(isa) { isa } else { Isa::Scalar };
+    let isa = path(isa);
     let inp = ws.first().map_or(0, |w| w.inp);
     assert_eq!(ws.len(), ys.len(), "q8 matmul: one output per matrix");
     for (w, y) in ws.iter().zip(ys.iter()) {
@@ -478,11 +456,11 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
 /// region. The bits are those of [`matmul`] for each matrix followed by
 /// [`rowwise::silu_mul`](super::rowwise::silu_mul).
 pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
-    gated_with(detect_isa(), x, m, gate, up, y)
+    gated_with(Isa::detected(), x, m, gate, up, y)
 }
 
 fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: &mut [MaybeUninit<f32>]) {
-    let isa = if available(isa) { isa } else { Isa::Scalar };
+    let isa = path(isa);
     let (inp, out) = (gate.inp, gate.out);
     assert!(up.inp == inp && up.out == out, "gated matmul: gate and up of one shape");
     assert_eq!(y.len(), m * out, "gated matmul output length");
@@ -512,13 +490,11 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
 /// is worth splitting across the threads.
 fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
     if m >= 8 {
-        let done: Vec<OnceLock<QuantRow>> = (0..m).map(|_| OnceLock::new()).collect();
-        pool::run(m, |r| {
-            let _ = done[r].set(quantize_row(isa, &x[r * inp..(r + 1) * inp]));
-        });
+        let mut done: Vec<Option<QuantRow>> = (0..m).map(|_| None).collect();
+        pool::run_chunks(&mut done, 1, |r, slot| slot[0] = Some(quantize_row(isa, &x[r * inp..(r + 1) * inp])));
         // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
         let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
-        done.into_iter().enumerate().map(|(r, q)| q.into_inner().unwrap_or_else(|| redo(r))).collect()
+        done.into_iter().enumerate().map(|(r, q)| q.unwrap_or_else(|| redo(r))).collect()
     } else {
         x.chunks_exact(inp).map(|r| quantize_row(isa, r)).collect()
     }
@@ -527,9 +503,9 @@ fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
 fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `run` only passes an ISA this CPU has; `panel` holds `nb` blocks of this
+        // SAFETY: `path` only gives an ISA this CPU has; `panel` holds `nb` blocks of this
         // format and every row `nb · 32` values.
-        Isa::Vnni => unsafe { x86::tile_vnni(w.format, rows, panel, nb, acc) },
+        Isa::Avx512Vnni => unsafe { x86::tile_vnni(w.format, rows, panel, nb, acc) },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::tile_avx2(w.format, rows, panel, nb, acc) },
         _ => tile_scalar(w, rows, panel, nb, acc),
@@ -677,7 +653,8 @@ mod tests {
         q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    const ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Vnni];
+    /// The kernel's three paths.
+    const ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
 
     /// Every path gives the scalar path's bits, and the scalar path is the f64 product of the
     /// dequantized weight (read by candle) with the quantized activations, to f32 rounding.
@@ -689,7 +666,7 @@ mod tests {
             let mut ys = vec![0f32; m * out];
             matmul_with(Isa::Scalar, &x, m, &p, &mut ys);
             for isa in ISAS {
-                if !available(isa) {
+                if !isa.available() {
                     eprintln!("{isa:?} not on this CPU: not compared");
                     continue;
                 }
@@ -750,7 +727,7 @@ mod tests {
         let x: Vec<f32> = (0..inp).map(|k| if k % 2 == 0 { -1.0 } else { 1.0 }).collect();
         let mut want = vec![0f32; out];
         matmul_with(Isa::Scalar, &x, 1, &p, &mut want);
-        for isa in ISAS.into_iter().filter(|&i| available(i)) {
+        for isa in ISAS.into_iter().filter(|i| i.available()) {
             let mut y = vec![0f32; out];
             matmul_with(isa, &x, 1, &p, &mut y);
             assert_eq!(y, want, "{isa:?}");

@@ -4,6 +4,7 @@
 pub mod argmax;
 pub mod attention;
 pub mod huge_buf;
+mod isa;
 pub mod kv_quant;
 pub mod matmul_bf16;
 pub mod matmul_f32;
@@ -11,102 +12,21 @@ pub mod matmul_q8;
 pub mod pool;
 pub mod rowwise;
 
-use std::marker::PhantomData;
+pub use isa::Isa;
+
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
 
-/// The widest x86 vector extension the kernels may use. `FLINT_CPU_ISA` (`scalar`, `avx2`,
-/// `avx512`, `avx512bf16`/`native`) lowers it from what the CPU has, to measure or work around a
-/// path. Every path gives the same bits but one: `avx512bf16` allows bf16 weights to be computed
-/// in bf16 dot products (activations rounded to bf16) where they are faster; below it they are
-/// always computed in exact f32 products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum IsaCap {
-    Scalar,
-    Avx2,
-    Avx512,
-    Avx512Bf16,
-}
-
-impl std::str::FromStr for IsaCap {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "scalar" => Ok(IsaCap::Scalar),
-            "avx2" => Ok(IsaCap::Avx2),
-            "avx512" => Ok(IsaCap::Avx512),
-            "avx512bf16" | "native" | "" => Ok(IsaCap::Avx512Bf16),
-            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512 or avx512bf16)")),
-        }
-    }
-}
-
-/// The cap from `FLINT_CPU_ISA`, read once (an unreadable value caps nothing; the CLI refuses
-/// it before any kernel runs).
-pub fn isa_cap() -> IsaCap {
-    static CAP: OnceLock<IsaCap> = OnceLock::new();
-    *CAP.get_or_init(|| std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(IsaCap::Avx512Bf16))
-}
-
-/// AVX-512 F and BW, allowed by the cap.
-pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        isa_cap() >= IsaCap::Avx512 && has!("avx512f") && has!("avx512bw") && has_avx2()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX2 with FMA and F16C (every AVX2 CPU has them), allowed by the cap.
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        isa_cap() >= IsaCap::Avx2 && has!("avx2") && has!("fma") && has!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX-512 BF16 (`vdpbf16ps`) on top of [`has_avx512`], allowed by the cap.
-pub(crate) fn has_avx512_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        isa_cap() >= IsaCap::Avx512Bf16 && has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// AVX-512 VNNI on top of [`has_avx512`].
-pub(crate) fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        has_avx512() && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
+use pool::Disjoint;
 
 /// A task's share of the output `y` (`[m][cols]`): the columns of its panel range, which no
 /// other task writes.
 pub(crate) struct Stripe<'a> {
-    y: *mut f32,
-    len: usize,
+    y: &'a Disjoint<'a, MaybeUninit<f32>>,
     cols: usize,
     col0: usize,
     col1: usize,
     width: usize,
-    _y: PhantomData<&'a mut [f32]>,
 }
-
-// SAFETY: a stripe only writes its own columns `col0..col1` of `y` (see `put`), and the stripes
-// made by one `by_panel_stripes` call cover disjoint column ranges, so stripes on different
-// threads never touch the same element; `y` outlives them (the `'a` borrow).
-unsafe impl Send for Stripe<'_> {}
 
 impl Stripe<'_> {
     /// Write the outputs of `row` for panel `panel` (counted from the stripe's first); columns
@@ -118,9 +38,12 @@ impl Stripe<'_> {
         }
         let n = self.width.min(self.col1 - c0).min(vals.len());
         let at = row * self.cols + c0;
-        assert!(at + n <= self.len, "stripe write out of bounds");
-        // SAFETY: in bounds (checked above) and inside this stripe's own columns.
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.y.add(at), n) }
+        // SAFETY: inside this stripe's own columns, which no other stripe of the call writes
+        // (`by_panel_stripes_many` cuts disjoint column ranges).
+        let dst = unsafe { self.y.part(at..at + n) };
+        // SAFETY: `vals` holds at least `n` values and `dst` is `n` long: an f32 copy into slots
+        // of f32's layout.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), dst.as_mut_ptr().cast::<f32>(), n) }
     }
 }
 
@@ -130,11 +53,6 @@ pub(crate) fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // is an initialised f32, so `y` stays initialised.
     unsafe { &mut *(y as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
-
-struct SendPtr(*mut f32);
-// SAFETY: only used to hand `y` to the stripes, whose writes are disjoint (see `Stripe`).
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 /// The split both matrix kernels use: ranges of `width`-column panels (a multiple of `group`
 /// panels each) run in parallel, `fill(p0, p1, stripe)` computes panels `p0..p1` for all `m` rows
@@ -183,13 +101,11 @@ pub(crate) fn by_panel_stripes_many(
             }
         }
     }
-    let outs: Vec<(SendPtr, usize)> = ys.iter_mut().map(|y| (SendPtr(y.as_mut_ptr().cast::<f32>()), y.len())).collect();
-    let outs = &outs;
+    let outs: Vec<Disjoint<MaybeUninit<f32>>> = ys.iter_mut().map(|y| Disjoint::new(y)).collect();
     pool::run(tasks.len(), |task| {
         let (j, p0, p1) = tasks[task];
-        let (ptr, len, cols) = (outs[j].0 .0, outs[j].1, cols[j]);
-        let mut stripe =
-            Stripe { y: ptr, len, cols, col0: p0 * width, col1: (p1 * width).min(cols), width, _y: PhantomData };
+        let cols = cols[j];
+        let mut stripe = Stripe { y: &outs[j], cols, col0: p0 * width, col1: (p1 * width).min(cols), width };
         fill(j, p0, p1, &mut stripe);
     });
 }
@@ -237,7 +153,7 @@ pub(crate) fn written(y: &[MaybeUninit<f32>]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{panel_ranges, IsaCap};
+    use super::panel_ranges;
 
     #[test]
     fn panel_ranges_cover_everything_once_and_shrink() {
@@ -260,15 +176,5 @@ mod tests {
             assert_eq!(next, panels);
         }
         assert_eq!(panel_ranges(56, 1, 2)[0], (0, 14));
-    }
-
-    #[test]
-    fn isa_cap_parses_and_orders() {
-        assert_eq!("AVX2".parse::<IsaCap>(), Ok(IsaCap::Avx2));
-        assert_eq!("scalar".parse::<IsaCap>(), Ok(IsaCap::Scalar));
-        assert_eq!("native".parse::<IsaCap>(), Ok(IsaCap::Avx512Bf16));
-        assert_eq!("avx512".parse::<IsaCap>(), Ok(IsaCap::Avx512));
-        assert!("sse9".parse::<IsaCap>().unwrap_err().contains("sse9"));
-        assert!(IsaCap::Scalar < IsaCap::Avx2 && IsaCap::Avx2 < IsaCap::Avx512 && IsaCap::Avx512 < IsaCap::Avx512Bf16);
     }
 }

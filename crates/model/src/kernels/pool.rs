@@ -7,6 +7,10 @@
 //! llama.cpp's do) and only then park. Which thread runs which task never changes a result:
 //! every task writes its own outputs, computed whole.
 //!
+//! Tasks that write an output each write their own part of it: [`run_parts`] and [`run_chunks`]
+//! hand each task its slice, and [`Disjoint`] is what both (and the matrix kernels' column
+//! stripes) are built on, the one place a buffer is shared between tasks.
+//!
 //! A task that panics does not take a worker down or leave the caller waiting: the panic is
 //! caught, the other tasks finish, and `run` then panics on the caller's thread, where the
 //! engine's per-step recovery sees it like any other failure.
@@ -17,6 +21,8 @@
 //! busy and run every kernel on its own thread alone.
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -205,6 +211,62 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
     }
     if job.panicked.load(Ordering::Acquire) {
         panic!("a CPU kernel task panicked");
+    }
+}
+
+/// [`run`] with task `i` given `buf[bounds[i]..bounds[i + 1]]`, for `i` in `0..bounds.len() − 1`.
+/// The bounds must ascend (so the parts are disjoint) and stay within `buf`.
+pub fn run_parts<T: Send>(buf: &mut [T], bounds: &[usize], f: impl Fn(usize, &mut [T]) + Sync) {
+    assert!(bounds.windows(2).all(|b| b[0] <= b[1]), "part bounds must ascend");
+    assert!(bounds.last().is_none_or(|&e| e <= buf.len()), "parts past the end of the buffer");
+    let buf = Disjoint::new(buf);
+    run(bounds.len().saturating_sub(1), |i| {
+        // SAFETY: ascending bounds make the parts disjoint, and each is handed to one task.
+        f(i, unsafe { buf.part(bounds[i]..bounds[i + 1]) })
+    });
+}
+
+/// [`run`] with task `i` given the `i`-th `len`-element chunk of `buf` (the last may be shorter),
+/// one task per chunk.
+pub fn run_chunks<T: Send>(buf: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    assert!(len > 0, "chunks of no elements");
+    let total = buf.len();
+    let buf = Disjoint::new(buf);
+    run(total.div_ceil(len), |i| {
+        // SAFETY: consecutive chunks are disjoint, and each is handed to one task.
+        f(i, unsafe { buf.part(i * len..((i + 1) * len).min(total)) })
+    });
+}
+
+/// A buffer that the tasks of one [`run`] write into, each in parts no other task touches while it
+/// holds them. [`run_parts`] and [`run_chunks`] are the safe way to use it; the matrix kernels'
+/// column stripes ([`super::Stripe`]), which are not contiguous, take their rows' pieces from it.
+pub(crate) struct Disjoint<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: the buffer is only reached through `part`, whose callers guarantee that no two parts in
+// use at once overlap; the elements are written from other threads, hence `T: Send`.
+unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
+unsafe impl<T: Send> Send for Disjoint<'_, T> {}
+
+impl<'a, T> Disjoint<'a, T> {
+    pub(crate) fn new(buf: &'a mut [T]) -> Self {
+        Disjoint { ptr: buf.as_mut_ptr(), len: buf.len(), _buf: PhantomData }
+    }
+
+    /// Elements `range` of the buffer (bounds-checked).
+    ///
+    /// # Safety
+    /// No other part overlapping `range` may be in use at the same time, on any thread.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, range: Range<usize>) -> &mut [T] {
+        assert!(range.start <= range.end && range.end <= self.len, "part out of bounds");
+        // SAFETY: within the buffer (checked above), which outlives `'a`; exclusive by the
+        // caller's guarantee.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
     }
 }
 
@@ -428,6 +490,34 @@ mod tests {
             .unwrap();
             assert_eq!(pinned, (true, cpu.to_string()));
         }
+    }
+
+    #[test]
+    fn parts_and_chunks_reach_each_task_whole() {
+        let mut buf = vec![0usize; 103];
+        run_parts(&mut buf, &[0, 10, 10, 57, 100], |i, part| part.iter_mut().for_each(|v| *v += i + 1));
+        // Task 1's part is empty; elements past the last bound are no task's.
+        let want: Vec<usize> = (0..103)
+            .map(|k| match k {
+                0..10 => 1,
+                10..57 => 3,
+                57..100 => 4,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(buf, want);
+        let mut buf = vec![0usize; 103];
+        run_chunks(&mut buf, 8, |i, chunk| {
+            assert_eq!(chunk.len(), if i == 12 { 7 } else { 8 });
+            chunk.iter_mut().for_each(|v| *v = i);
+        });
+        assert!(buf.iter().enumerate().all(|(k, &v)| v == k / 8));
+    }
+
+    #[test]
+    #[should_panic(expected = "ascend")]
+    fn overlapping_parts_are_refused() {
+        run_parts(&mut [0u8; 8], &[0, 5, 3, 8], |_, _| {});
     }
 
     #[test]

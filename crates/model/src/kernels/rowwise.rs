@@ -6,7 +6,6 @@
 //! only on its own row, in a fixed order, so batching cannot change it.
 
 use candle_core::{DType, Storage, Tensor};
-use std::sync::Mutex;
 
 use super::attention::exp;
 use super::pool;
@@ -32,10 +31,7 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 fn map_rows(n: usize, width: usize, out: &mut [f32], op: impl Fn(usize, &mut [f32]) + Sync) {
     if n > 1 && n * width >= PARALLEL_MIN {
         let per = n.div_ceil(2 * pool::threads());
-        let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(width * per).map(Mutex::new).collect();
-        pool::run(chunks.len(), |c| {
-            // Each task locks only its own chunk: never contended.
-            let mut chunk = chunks[c].lock().unwrap_or_else(|e| e.into_inner());
+        pool::run_chunks(out, width * per, |c, chunk| {
             for (i, row) in chunk.chunks_exact_mut(width).enumerate() {
                 op(c * per + i, row);
             }
@@ -105,7 +101,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// One row of [`silu_mul`] (also the gated matmul's epilogue, so the two give the same bits).
 pub(crate) fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::has_avx512() {
+    if super::Isa::Avx512.available() {
         // SAFETY: AVX-512F was just detected. The same IEEE operations, wider vectors.
         return unsafe { silu_mul_row_avx512(g, u, o) };
     }

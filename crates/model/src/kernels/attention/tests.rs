@@ -156,20 +156,9 @@ fn check(dt: Dtype, d: usize, bs: usize, g: usize, window: Option<usize>, ctx: u
     let rows = n + 1;
     let q = data(rows * q_heads * d, 3);
     let layer = pool.layer(dt);
-    let mut paths = vec![Path::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::kernels::has_avx2() {
-            paths.push(Path::Avx2);
-        }
-        if crate::kernels::has_avx512() && x86::handles(d) {
-            paths.push(Path::Avx512);
-        }
-        if crate::kernels::has_vnni() && x86::handles(d) {
-            paths.push(Path::Avx512Vnni);
-        }
-    }
-    let mut first: Option<(Vec<f32>, Path, bool)> = None;
+    let paths: Vec<Isa> =
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|&p| p <= widest_path(d)).collect();
+    let mut first: Option<(Vec<f32>, Isa, bool)> = None;
     let name = format!("{dt:?} d={d} bs={bs} g={g} {window:?} ctx={ctx} n={n} dec={dec}");
     for &path in &paths {
         for split in [false, true] {
@@ -307,7 +296,7 @@ fn exp_is_accurate_on_the_softmax_range() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn vector_exp_matches_the_scalar_one() {
-    if !crate::kernels::has_avx512() {
+    if !Isa::Avx512.available() {
         eprintln!("no AVX-512 here: the vector exp is not run");
         return;
     }

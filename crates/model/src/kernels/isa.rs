@@ -1,0 +1,118 @@
+//! The one instruction-set level every kernel dispatches on, detected once per process.
+//!
+//! The levels are ordered, each including everything below it, so a kernel takes its widest path
+//! at or below [`Isa::detected`], and a test forces a lower path by passing a lower level.
+//! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`/`native`) caps the level below what
+//! the CPU has, to measure or work around a path. Every level gives the same bits but one:
+//! [`Isa::Avx512Bf16`] allows bf16 weights to be computed in bf16 dot products (activations
+//! rounded to bf16); below it they are always computed in exact f32 products.
+
+use std::sync::OnceLock;
+
+/// An x86 vector-extension level (see the module docs). A kernel that has no path of its own
+/// for a level takes its widest one below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust: the reference every SIMD path is tested against.
+    Scalar,
+    /// AVX2 with FMA and F16C (every AVX2 CPU has them).
+    Avx2,
+    /// AVX-512 F and BW.
+    Avx512,
+    /// AVX-512 VNNI (`vpdpbusd`): the int8 kernels' integer dot products in one instruction.
+    Avx512Vnni,
+    /// AVX-512 BF16 (`vdpbf16ps`): bf16 dot products. Every CPU that has it has VNNI too, and
+    /// it is counted only with VNNI.
+    Avx512Bf16,
+}
+
+impl Isa {
+    /// What the kernels use in this process: the highest level the CPU has, capped by
+    /// `FLINT_CPU_ISA` (an unreadable value caps nothing; the CLI refuses it before any kernel
+    /// runs). Detected on the first call.
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let cap = std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(Isa::Avx512Bf16);
+            Isa::of_cpu().min(cap)
+        })
+    }
+
+    /// Whether this process may run `self`'s paths: the CPU has them and the cap allows them.
+    pub fn available(self) -> bool {
+        self <= Isa::detected()
+    }
+
+    /// `self` where it is [available](Self::available), else the scalar path (which gives the
+    /// same bits): what a kernel asked for a level runs.
+    pub(crate) fn or_scalar(self) -> Isa {
+        if self.available() {
+            self
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// The highest level this CPU has, uncapped.
+    fn of_cpu() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if !(has!("avx2") && has!("fma") && has!("f16c")) {
+                Isa::Scalar
+            } else if !(has!("avx512f") && has!("avx512bw")) {
+                Isa::Avx2
+            } else if !has!("avx512vnni") {
+                Isa::Avx512
+            } else if !has!("avx512bf16") {
+                Isa::Avx512Vnni
+            } else {
+                Isa::Avx512Bf16
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Scalar
+    }
+}
+
+/// `FLINT_CPU_ISA`'s values. `avx512` caps below the bf16 dot products only: VNNI, which changes
+/// no bits, stays where the CPU has it.
+impl std::str::FromStr for Isa {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "scalar" => Ok(Isa::Scalar),
+            "avx2" => Ok(Isa::Avx2),
+            "avx512" => Ok(Isa::Avx512Vnni),
+            "avx512bf16" | "native" | "" => Ok(Isa::Avx512Bf16),
+            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512 or avx512bf16)")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    #[test]
+    fn cap_parses_and_levels_order() {
+        assert_eq!("AVX2".parse::<Isa>(), Ok(Isa::Avx2));
+        assert_eq!("scalar".parse::<Isa>(), Ok(Isa::Scalar));
+        assert_eq!("native".parse::<Isa>(), Ok(Isa::Avx512Bf16));
+        assert_eq!("avx512".parse::<Isa>(), Ok(Isa::Avx512Vnni), "avx512 keeps VNNI, drops BF16");
+        assert!("sse9".parse::<Isa>().unwrap_err().contains("sse9"));
+        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512 && Isa::Avx512 < Isa::Avx512Vnni);
+        assert!(Isa::Avx512Vnni < Isa::Avx512Bf16);
+    }
+
+    #[test]
+    fn unavailable_levels_run_scalar() {
+        assert!(Isa::Scalar.available());
+        assert_eq!(Isa::Scalar.or_scalar(), Isa::Scalar);
+        assert_eq!(Isa::detected().or_scalar(), Isa::detected());
+        if Isa::detected() < Isa::Avx512Bf16 {
+            assert_eq!(Isa::Avx512Bf16.or_scalar(), Isa::Scalar);
+        }
+    }
+}
