@@ -40,7 +40,8 @@ pub fn init(trace_dir: Option<&Path>) -> Result<Telemetry> {
     let path = trace_file(dir)?;
     // Spans only (log events stay in the log), and only flint's own: the scopes are what a
     // trace is for, and every other span would be noise and cost.
-    let (chrome, guard) = tracing_chrome::ChromeLayerBuilder::new().file(&path).include_args(true).build();
+    let (chrome, guard) =
+        tracing_chrome::ChromeLayerBuilder::new().file(&path).include_args(true).include_locations(false).build();
     let chrome = chrome.with_filter(filter_fn(|m| m.is_span() && m.target().starts_with("flint")));
     let _ = tracing_subscriber::registry().with(log).with(chrome).try_init();
     tracing::info!("writing a Chrome trace of the engine's scopes to {}", path.display());

@@ -231,12 +231,19 @@ fn trace_dir_writes_a_chrome_trace_of_nested_engine_scopes() {
     assert!(within["engine_step"].len() >= 3);
     assert!(inside("schedule", "engine_step"));
     assert!(inside("forward", "engine_step"));
+    assert!(inside("sample", "engine_step"));
     assert!(inside("layer", "forward"));
     assert!(inside("attention", "layer"));
     assert!(inside("mlp", "layer"));
-    assert!(inside("matmul", "layer"));
-    assert!(inside("paged_attention", "attention"));
+    for kernel in ["qkv_proj", "paged_attention", "o_proj"] {
+        assert!(inside(kernel, "attention"), "{kernel}");
+    }
+    for kernel in ["gate_up_proj", "down_proj"] {
+        assert!(inside(kernel, "mlp"), "{kernel}");
+    }
     assert!(inside("lm_head", "forward"));
+    // The layer scope carries its index.
+    assert!(events.iter().any(|e| e["name"] == "layer" && e["args"]["layer"] == "1"), "layer args");
     // Each forward runs every layer once.
     let forwards = within["forward"].len();
     assert!(within["layer"].len() >= forwards && within["layer"].len().is_multiple_of(forwards));

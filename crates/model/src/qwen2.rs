@@ -7,11 +7,15 @@
 //! [`KvCache`] returns. Grouped-query attention folds the query heads that share a KV head into
 //! the rows of one matrix product, so K/V heads are never repeated in memory.
 //!
+//! The forward pass marks its scopes (layer → attention → q/k/v projections, paged attention,
+//! o_proj; MLP → gate/up, down; lm_head) as `tracing` spans at trace level, for `--trace-dir`.
+//!
 //! Each projection picks its own kernel ([`Linear`]). What runs between them is [`Ops`]: flint's
 //! row-wise kernels for f32 on the CPU, candle's ops for any other device or dtype. It is chosen
 //! once per pass and is the one place the two differ.
 
 use std::sync::Arc;
+use tracing::trace_span;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor, D};
@@ -85,7 +89,9 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor, ops: &Ops) -> Result<Tensor> {
-        self.down_proj.forward(&ops.silu_gate(&self.gate_proj, &self.up_proj, x)?)
+        let _scope = trace_span!("mlp").entered();
+        let gated = trace_span!("gate_up_proj").in_scope(|| ops.silu_gate(&self.gate_proj, &self.up_proj, x))?;
+        trace_span!("down_proj").in_scope(|| self.down_proj.forward(&gated))
     }
 }
 
@@ -127,9 +133,11 @@ impl Attention {
         batch: &ForwardBatch,
         cache: &mut dyn KvCache,
     ) -> Result<Tensor> {
-        let [q, k, v] = ops.qkv_rope(self, x)?;
-        let y = cache.attention(layer, batch, &q, &k, &v, self.sliding_window)?;
-        self.o_proj.forward(&y)
+        let _scope = trace_span!("attention").entered();
+        let [q, k, v] = trace_span!("qkv_proj").in_scope(|| ops.qkv_rope(self, x))?;
+        let y = trace_span!("paged_attention")
+            .in_scope(|| cache.attention(layer, batch, &q, &k, &v, self.sliding_window))?;
+        trace_span!("o_proj").in_scope(|| self.o_proj.forward(&y))
     }
 }
 
@@ -236,7 +244,16 @@ impl Qwen2Model {
             };
             (embedding, None)
         };
-        let layers = (0..cfg.num_hidden_layers).map(|l| DecoderLayer::load(&ld, cfg, l)).collect::<Result<Vec<_>>>()?;
+        // Loading includes packing each projection for its kernel: most of the start-up time.
+        let progress = crate::progress::task("loading weights", "layers", cfg.num_hidden_layers as u64);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| {
+                let layer = DecoderLayer::load(&ld, cfg, l);
+                progress.inc(1);
+                layer
+            })
+            .collect::<Result<Vec<_>>>()?;
+        drop(progress);
         let norm = ld.rms_norm("model.norm", h, cfg.rms_norm_eps)?;
         let lm_head = match tied_head {
             Some(head) => head,
@@ -298,6 +315,7 @@ impl Qwen2Model {
         let mut x = self.embed_tokens.forward(&batch.tokens, self.dtype, &self.device)?;
         let ops = Ops::new(&self.rope, &batch.positions, &self.device, self.dtype)?;
         for (l, layer) in self.layers.iter().enumerate() {
+            let _scope = trace_span!("layer", layer = l).entered();
             x = layer.forward(l, &x, &ops, batch, cache)?;
         }
         let rows = batch.logit_rows();
@@ -306,7 +324,7 @@ impl Qwen2Model {
         }
         let rows = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
         let last = ops.rms_norm(&self.norm, &x.index_select(&rows, 0)?)?;
-        Ok(Some(ops.logits(&self.lm_head, &last)?))
+        Ok(Some(trace_span!("lm_head").in_scope(|| ops.logits(&self.lm_head, &last))?))
     }
 
     /// [`forward_logits`](Self::forward_logits) as a tensor `[rows, vocab_size]` on the model's

@@ -74,13 +74,16 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
     }
     let tensors = qwen2_tensors(&cfg, !cfg.tie_word_embeddings);
     let parameters: u64 = tensors.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+    let progress = crate::progress::task("writing weights", "tensors", tensors.len() as u64);
 
     if let Some(ty) = opts.gguf {
         let path = out.join(format!("model-{ty}.gguf"));
         let export = GgufExport { config: &cfg, name: s.name.to_string(), tokenizer: opts.gguf_tokenizer.as_ref(), ty };
         let shapes: HashMap<&str, &[usize]> = tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
         let bytes = export.write_file(&path, &tensors, |name| {
-            synth_tensor(name, shapes.get(name).copied().unwrap_or(&[]), opts.seed)
+            let t = synth_tensor(name, shapes.get(name).copied().unwrap_or(&[]), opts.seed);
+            progress.inc(1);
+            t
         })?;
         return Ok(SynthReport { files: vec![path], total_bytes: bytes, parameters });
     }
@@ -103,7 +106,7 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
     if let Some(t) = &opts.tokenizer_config_json {
         put("tokenizer_config.json", t)?;
     }
-    let (weight_files, weight_bytes) = write_safetensors(out, &tensors, opts.dtype, opts.seed, SHARD_BYTES)?;
+    let (weight_files, weight_bytes) = write_safetensors(out, &tensors, opts.dtype, opts.seed, SHARD_BYTES, &progress)?;
     files.extend(weight_files);
     Ok(SynthReport { files, total_bytes: total_bytes + weight_bytes, parameters })
 }

@@ -1,6 +1,7 @@
 //! The weights as safetensors, streamed block by block: one `model.safetensors`, or ~4 GB shards
 //! and an index as transformers' `save_pretrained` writes them.
 
+use crate::progress::Task;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,7 @@ pub(super) fn write_safetensors(
     dtype: DType,
     seed: u64,
     shard_bytes: u64,
+    progress: &Task,
 ) -> Result<(Vec<PathBuf>, u64)> {
     let st_dtype = safetensors_dtype(dtype)?;
     let elem = dtype.size_in_bytes() as u64;
@@ -75,7 +77,7 @@ pub(super) fn write_safetensors(
     let mut weight_map = serde_json::Map::new();
     for (shard, file_name) in shards.iter().zip(&names) {
         let path = dir.join(file_name);
-        total += write_shard(&path, shard, dtype, st_dtype, seed)?;
+        total += write_shard(&path, shard, dtype, st_dtype, seed, progress)?;
         files.push(path);
         for (name, _) in shard.iter() {
             weight_map.insert(name.clone(), json!(file_name));
@@ -97,7 +99,14 @@ pub(super) fn write_safetensors(
 const STREAM_BLOCK: usize = 1 << 22;
 
 /// One safetensors file, header first, then each tensor generated block by block.
-fn write_shard(path: &Path, tensors: &[&(String, Vec<usize>)], dtype: DType, st_dtype: &str, seed: u64) -> Result<u64> {
+fn write_shard(
+    path: &Path,
+    tensors: &[&(String, Vec<usize>)],
+    dtype: DType,
+    st_dtype: &str,
+    seed: u64,
+    progress: &Task,
+) -> Result<u64> {
     let elem = dtype.size_in_bytes();
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
@@ -133,6 +142,7 @@ fn write_shard(path: &Path, tensors: &[&(String, Vec<usize>)], dtype: DType, st_
             .map_err(io)?;
             start += len;
         }
+        progress.inc(1);
     }
     let file = w.into_inner().map_err(|e| io(e.into_error()))?;
     file.sync_all().map_err(io)?;
@@ -157,7 +167,15 @@ mod tests {
         let tensors = qwen2_tensors(&cfg, true);
         std::fs::write(dir.path().join("config.json"), config_json(&cfg, &shape_extras("tiny").unwrap()).to_string())
             .unwrap();
-        let (files, _) = write_safetensors(dir.path(), &tensors, DType::F32, 3, 100_000).unwrap();
+        let (files, _) = write_safetensors(
+            dir.path(),
+            &tensors,
+            DType::F32,
+            3,
+            100_000,
+            &crate::progress::task("test", "tensors", 0),
+        )
+        .unwrap();
         assert!(files.len() > 3, "{files:?}");
         assert_eq!(files.last().unwrap().file_name().unwrap(), "model.safetensors.index.json");
         assert!(files[0].ends_with(format!("model-00001-of-{:05}.safetensors", files.len() - 1)));
