@@ -5,6 +5,7 @@
 mod bench;
 mod bench_latency;
 mod bench_serve;
+mod chrome_trace;
 mod engine_args;
 mod inspect;
 mod plot;

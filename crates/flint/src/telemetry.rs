@@ -5,8 +5,8 @@
 //! The engine and the model mark their scopes with `tracing` spans (engine step, scheduler,
 //! forward, each layer's attention and MLP, the kernels). Nothing records them unless
 //! `--trace-dir` is given: the log's filter never enables them, so an unrecorded span costs a
-//! cached "not interested" check. With `--trace-dir`, `tracing-chrome` writes them as Chrome-trace
-//! JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
+//! cached "not interested" check. With `--trace-dir`, [`crate::chrome_trace`] writes them as
+//! Chrome-trace JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 //!
 //! Request spans are not `tracing` spans: vLLM's `llm_request` span starts at the request's
 //! arrival and gets its attributes when it ends, which the OpenTelemetry API expresses directly.
@@ -24,7 +24,7 @@ use tracing_subscriber::Layer;
 
 /// Keeps the trace file open; dropping it writes the file's end.
 pub struct Telemetry {
-    _chrome: Option<tracing_chrome::FlushGuard>,
+    _chrome: Option<crate::chrome_trace::FlushGuard>,
 }
 
 /// Install the global subscriber: the log (RUST_LOG, default "info") on stderr, plus the engine's
@@ -41,7 +41,7 @@ pub fn init(trace_dir: Option<&Path>) -> Result<Telemetry> {
     // Spans only (log events stay in the log), and only flint's own: the scopes are what a
     // trace is for, and every other span would be noise and cost.
     let (chrome, guard) =
-        tracing_chrome::ChromeLayerBuilder::new().file(&path).include_args(true).include_locations(false).build();
+        crate::chrome_trace::layer(&path).with_context(|| format!("--trace-dir: cannot write {}", path.display()))?;
     let chrome = chrome.with_filter(filter_fn(|m| m.is_span() && m.target().starts_with("flint")));
     let _ = tracing_subscriber::registry().with(log).with(chrome).try_init();
     tracing::info!("writing a Chrome trace of the engine's scopes to {}", path.display());
@@ -52,9 +52,6 @@ fn trace_file(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("--trace-dir {}: cannot create it", dir.display()))?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let path = dir.join(format!("flint-trace-{stamp}-{}.json", std::process::id()));
-    // tracing-chrome opens the file on its own thread and panics there if it cannot: find out
-    // here, with an error the user can act on.
-    std::fs::File::create(&path).with_context(|| format!("--trace-dir: cannot write {}", path.display()))?;
     Ok(path)
 }
 

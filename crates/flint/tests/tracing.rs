@@ -243,7 +243,7 @@ fn trace_dir_writes_a_chrome_trace_of_nested_engine_scopes() {
     }
     assert!(inside("lm_head", "forward"));
     // The layer scope carries its index.
-    assert!(events.iter().any(|e| e["name"] == "layer" && e["args"]["layer"] == "1"), "layer args");
+    assert!(events.iter().any(|e| e["name"] == "layer" && e["args"]["layer"] == 1), "layer args");
     // Each forward runs every layer once.
     let forwards = within["forward"].len();
     assert!(within["layer"].len() >= forwards && within["layer"].len().is_multiple_of(forwards));
