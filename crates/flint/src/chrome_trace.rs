@@ -48,13 +48,17 @@ struct Shared {
     start: Instant,
     tx: Mutex<Option<Sender<Msg>>>,
     /// Every thread's buffer, so the guard can write what is left in them at exit.
-    buffers: Mutex<Vec<Arc<Mutex<Vec<Event>>>>>,
+    buffers: Mutex<Vec<Buffer>>,
 }
 
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 
+/// One thread's events, shared with the guard that writes what is left at exit.
+type Buffer = Arc<Mutex<Vec<Event>>>;
+
 thread_local! {
-    static LOCAL: RefCell<Option<(u64, Arc<Mutex<Vec<Event>>>)>> = const { RefCell::new(None) };
+    /// This thread's id in the trace and its buffer.
+    static LOCAL: RefCell<Option<(u64, Buffer)>> = const { RefCell::new(None) };
 }
 
 /// Records spans; see the module docs.

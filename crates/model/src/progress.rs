@@ -45,7 +45,7 @@ pub struct Snapshot {
 
 impl std::fmt::Display for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let pct = if self.total == 0 { 100 } else { self.done * 100 / self.total };
+        let pct = (self.done * 100).checked_div(self.total).unwrap_or(100);
         write!(f, "{}: {}/{} {} ({pct}%)", self.name, self.done, self.total, self.unit)
     }
 }
