@@ -1,6 +1,7 @@
 //! How the flint command shows long work (loading a checkpoint, `flint synth`, the benches): a
-//! progress bar when stderr is a terminal, otherwise a log line when a task starts, every few
-//! seconds while it runs, and when it ends — what a log collector or `kubectl logs` can show.
+//! progress bar when stderr is a terminal, otherwise a log line every few seconds while a task
+//! runs and one when it ends — what a log collector or `kubectl logs` can show. A task done
+//! within the first interval logs nothing: a quick load, or a CLI error, stays one line.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -58,17 +59,17 @@ struct Running {
     total: u64,
     done: u64,
     started: Instant,
-    logged: Instant,
+    /// When the last line was logged (`None`: none yet).
+    logged: Option<Instant>,
 }
 
 struct Lines(Mutex<Option<Running>>);
 
 impl ProgressSink for Lines {
     fn start(&self, name: &str, unit: &str, total: u64) {
-        tracing::info!("{name}: 0/{total} {unit}");
-        let now = Instant::now();
+        let started = Instant::now();
         if let Ok(mut r) = self.0.lock() {
-            *r = Some(Running { name: name.into(), unit: unit.into(), total, done: 0, started: now, logged: now });
+            *r = Some(Running { name: name.into(), unit: unit.into(), total, done: 0, started, logged: None });
         }
     }
 
@@ -76,8 +77,8 @@ impl ProgressSink for Lines {
         let Ok(mut r) = self.0.lock() else { return };
         let Some(r) = r.as_mut() else { return };
         r.done = done;
-        if r.logged.elapsed() >= LOG_EVERY {
-            r.logged = Instant::now();
+        if r.logged.unwrap_or(r.started).elapsed() >= LOG_EVERY {
+            r.logged = Some(Instant::now());
             let pct = done * 100 / r.total.max(1);
             tracing::info!("{}: {done}/{} {} ({pct}%)", r.name, r.total, r.unit);
         }
@@ -85,7 +86,7 @@ impl ProgressSink for Lines {
 
     fn finish(&self) {
         let Ok(mut r) = self.0.lock() else { return };
-        if let Some(r) = r.take() {
+        if let Some(r) = r.take().filter(|r| r.logged.is_some()) {
             let secs = r.started.elapsed().as_secs_f64();
             if r.done >= r.total {
                 tracing::info!("{}: done in {secs:.1}s", r.name);
