@@ -48,11 +48,14 @@ impl KvCacheDtype {
     /// The block size when `--block-size` is not given. int8 stores each key channel's scale and
     /// minimum once per block (3 bytes): over 128 tokens that is 1.2% of the codes for head size
     /// 64, over 16 it would be 9%. 128 is also KIVI's full-precision window and the default of
-    /// several of vLLM's non-CUDA backends. f32 and bf16 keep 16 (finer prefix caching).
+    /// several of vLLM's non-CUDA backends. bf16 takes 128 too: attention pays a fixed cost per
+    /// block and row (the online-softmax step, the block's own fetch), and with 16-token blocks
+    /// decode attention at 16k tokens took 1.6× as long (`examples/attention_cost.rs`, 32 against
+    /// 20 ms). f32 (`auto`) keeps 16, today's behaviour (finer prefix caching).
     pub fn default_block_size(self) -> usize {
         match self {
-            Self::Int8 => 128,
-            Self::F32 | Self::Bf16 => 16,
+            Self::Int8 | Self::Bf16 => 128,
+            Self::F32 => 16,
         }
     }
 
