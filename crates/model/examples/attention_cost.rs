@@ -1,12 +1,14 @@
-//! Decode attention at depth, alone: one query token of qwen2.5-0.5b's shape (14 query heads, 2 KV
-//! heads, head size 64) against a context of `--depth` tokens in every layer of a paged pool of
-//! the chosen dtype, the way a decode step runs it, and the bytes of cache that step reads per
-//! second. `cargo run --release -p flint-model --example attention_cost -- [--depth 16384]
-//! [--dtype int8|bf16|f32] [--iters 20] [--flush 400]`. Prints the median time of one token (all
-//! layers).
+//! Attention at depth, alone: query tokens of qwen2.5-0.5b's shape (14 query heads, 2 KV heads,
+//! head size 64) against a context of `--depth` tokens in every layer of a paged pool of the
+//! chosen dtype, the way a step runs it. `--chunk 1` (the default) is a decode step, and the bytes
+//! of cache it reads per second are printed; `--chunk 512` is one prefill chunk at that depth.
+//! `cargo run --release -p flint-model --example attention_cost -- [--depth 16384] [--chunk 1]
+//! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400]` (the block size defaults
+//! to the dtype's default). Prints the median time of one step (all layers).
 
 use flint_model::kernels::attention::{paged_attention, ExactBlock, KvStore, PagedLayer, SeqView};
 use flint_model::kernels::huge_buf::HugeBuf;
+use flint_model::kv_dtype::KvCacheDtype;
 use std::time::Instant;
 
 const LAYERS: usize = 24;
@@ -34,8 +36,12 @@ fn main() {
     let depth: usize = arg("--depth", "16384").parse().expect("--depth: a number");
     let dtype = arg("--dtype", "int8");
     let iters: usize = arg("--iters", "20").parse().expect("--iters: a number");
-    let bs = if dtype == "int8" { 128 } else { 16 };
-    let blocks = depth / bs + 1;
+    let chunk: usize = arg("--chunk", "1").parse().expect("--chunk: a number");
+    assert!(chunk >= 1, "--chunk: at least 1");
+    let kv_dtype: KvCacheDtype = dtype.parse().expect("--dtype: int8, bf16 or f32");
+    let bs_default = kv_dtype.default_block_size().to_string();
+    let bs: usize = arg("--block-size", &bs_default).parse().expect("--block-size: a number");
+    let blocks = (depth + chunk - 1) / bs + 1;
     let per_layer = blocks * HKV * D * bs;
     // One pool per layer, blocks in a scrambled order as a busy pool hands them out.
     let table: Vec<u32> = (0..blocks as u32).map(|i| (i * 7 + 3) % blocks as u32).collect();
@@ -77,9 +83,11 @@ fn main() {
             }
         })
         .collect();
-    let q: Vec<f32> = fill(QH * D, |i| (hash(i + 99) % 2000) as f32 / 1000.0 - 1.0);
+    let q: Vec<f32> = fill(chunk * QH * D, |i| (hash(i + 99) % 2000) as f32 / 1000.0 - 1.0);
     let exact_k: Vec<f32> = fill(HKV * D * bs, |i| (hash(i + 5) % 2000) as f32 / 1000.0 - 1.0);
-    let mut out = vec![0f32; QH * D];
+    // Int8: the chunk's own blocks at full precision.
+    let own_blocks = (depth + chunk - 1) / bs - depth / bs + 1;
+    let mut out = vec![0f32; chunk * QH * D];
     // A decode step also streams the weights, which pushes the cache out of every CPU cache:
     // `--flush MB` reads that many megabytes between tokens (untimed), as the weights would.
     let flush_mb: usize = arg("--flush", "0").parse().expect("--flush: a number");
@@ -96,9 +104,9 @@ fn main() {
                 _ => KvStore::Int8 { k: &l.k8, k_min: &l.kmin, k_scale: &l.ksc, v: &l.v8, v_scale: &l.vsc },
             };
             let kv = PagedLayer { store, block_size: bs, kv_heads: HKV, head_dim: D };
-            let exact = [ExactBlock { k: &exact_k, v: &exact_k }];
+            let exact = vec![ExactBlock { k: &exact_k, v: &exact_k }; own_blocks];
             let ex: &[ExactBlock] = if dtype == "int8" { &exact } else { &[] };
-            let seqs = [SeqView { row: 0, context_len: depth, num_tokens: 1, blocks: &table, exact: ex }];
+            let seqs = [SeqView { row: 0, context_len: depth, num_tokens: chunk, blocks: &table, exact: ex }];
             paged_attention(&q, QH, &seqs, &kv, None, &mut out);
         }
         if it >= 2 {
@@ -115,7 +123,7 @@ fn main() {
         * LAYERS;
     let bytes = (per_tok * depth) as f64;
     println!(
-        "dtype {dtype} depth {depth}: {:.2} ms per token (median of {iters}, min {:.2}), {:.1} MB of cache, {:.1} GB/s, checksum {:.4}",
+        "dtype {dtype} depth {depth} chunk {chunk}: {:.2} ms per step (median of {iters}, min {:.2}), {:.1} MB of cache, {:.1} GB/s, checksum {:.4}",
         med * 1e3,
         times[0] * 1e3,
         bytes / 1e6,
