@@ -83,8 +83,9 @@ impl Linear {
     }
 
     /// [`forward_vec`](Self::forward_vec) of several projections of the same `x`. When every
-    /// one is a CPU int8 weight they go through one kernel call (the rows are quantized once and
-    /// the matrices share one parallel region); otherwise each runs its own `forward_vec`.
+    /// one is a CPU int8 weight, or every one a packed dense weight, they go through one kernel
+    /// call (int8 and bf16 dot products prepare the rows once, and the matrices share one
+    /// parallel region); a mix runs each on its own `forward_vec`.
     /// `None` when one of them has no flint kernel. Each result has the bits its own
     /// `forward_vec` gives.
     pub fn forward_vec_many(x: &Tensor, linears: &[&Linear]) -> Result<Option<Vec<Vec<f32>>>> {
@@ -99,7 +100,7 @@ impl Linear {
             })
             .collect();
         let Some(parts) = int8 else {
-            return linears.iter().map(|l| l.forward_vec(x)).collect();
+            return Self::forward_vec_many_dense(x, linears);
         };
         let (m, _) = x.dims2()?;
         // Not zero-filled first: the kernel writes every output (as in `on_cpu_vec`).
@@ -119,11 +120,58 @@ impl Linear {
         Ok(Some(ys))
     }
 
-    /// `silu(gate(x)) · up(x)` as a flat `Vec` `[n · out]` straight from the int8 kernel's fused
-    /// epilogue ([`matmul_q8::matmul_gated_uninit`]), when both are bias-free CPU int8 weights of
-    /// one shape; `None` otherwise. The bits are those of the two projections followed by
+    /// [`forward_vec_many`](Self::forward_vec_many) when every weight is a packed dense one
+    /// (f32, bf16, f16): one [`matmul_f32::matmul_many_uninit`] call, which rounds the rows once
+    /// for bf16 dot products; a mix with int8 weights runs each on its own.
+    fn forward_vec_many_dense(x: &Tensor, linears: &[&Linear]) -> Result<Option<Vec<Vec<f32>>>> {
+        let dense: Option<Vec<_>> = linears
+            .iter()
+            .map(|l| match l {
+                Linear::Packed { w, b } => Some((w, b.as_ref())),
+                _ => None,
+            })
+            .collect();
+        let Some(parts) = dense.filter(|p| p.iter().all(|(w, _)| w.in_features() == p[0].0.in_features())) else {
+            return linears.iter().map(|l| l.forward_vec(x)).collect();
+        };
+        let (m, _) = x.dims2()?;
+        let mut ys: Vec<Vec<f32>> = parts.iter().map(|(w, _)| Vec::with_capacity(m * w.out_features())).collect();
+        let ws: Vec<&PackedF32> = parts.iter().map(|(w, _)| w.as_ref()).collect();
+        with_f32(x, |xs| {
+            let mut views: Vec<&mut [MaybeUninit<f32>]> =
+                ys.iter_mut().zip(&ws).map(|(y, w)| &mut y.spare_capacity_mut()[..m * w.out_features()]).collect();
+            matmul_f32::matmul_many_uninit(xs, m, &ws, &mut views)
+        })?;
+        for ((y, w), (_, bias)) in ys.iter_mut().zip(&ws).zip(&parts) {
+            // SAFETY: `matmul_many_uninit` wrote all `m · out` values of each output (it is
+            // only skipped when `with_f32` fails, which returned early above).
+            unsafe { y.set_len(m * w.out_features()) };
+            add_bias(y, w.out_features(), *bias)?;
+        }
+        Ok(Some(ys))
+    }
+
+    /// `silu(gate(x)) · up(x)` as a flat `Vec` `[n · out]` straight from a kernel's fused
+    /// epilogue ([`matmul_q8::matmul_gated_uninit`], [`matmul_f32::matmul_gated_uninit`]), when
+    /// both are bias-free CPU weights of one shape, int8 or bf16 in dot products; `None`
+    /// otherwise. The bits are those of the two projections followed by
     /// [`rowwise::silu_mul`](crate::kernels::rowwise::silu_mul).
     pub fn forward_gated(x: &Tensor, gate: &Linear, up: &Linear) -> Result<Option<Vec<f32>>> {
+        if let (Linear::Packed { w: g, b: None }, Linear::Packed { w: u, b: None }) = (gate, up) {
+            let dot = Some(Bf16Compute::Dot);
+            let same = (g.in_features(), g.out_features()) == (u.in_features(), u.out_features());
+            if !(same && g.bf16_compute() == dot && u.bf16_compute() == dot) {
+                return Ok(None);
+            }
+            // Both bf16 pair panels of one shape, as checked just above, so the kernel takes them
+            // and writes every output; were it to decline, NaNs (not uninitialised memory).
+            let kernel = |xs: &[f32], m, y: &mut [MaybeUninit<f32>]| {
+                if !matmul_f32::matmul_gated_uninit(xs, m, g, u, y) {
+                    y.fill(MaybeUninit::new(f32::NAN));
+                }
+            };
+            return Ok(Some(on_cpu_vec(x, g.out_features(), None, kernel)?));
+        }
         let (Linear::PackedQ8 { w: g, b: None }, Linear::PackedQ8 { w: u, b: None }) = (gate, up) else {
             return Ok(None);
         };

@@ -234,6 +234,40 @@ pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f3
     run(Isa::detected(), x, m, w, y)
 }
 
+/// Several weights of one input width applied to the same `x` (a layer's q/k/v, or its gate/up),
+/// into uninitialised `ys[j]` (`[m][ws[j].out]`), every value written, each with exactly the bits
+/// [`matmul`] gives it alone. bf16 weights packed for [`Bf16Compute::Dot`] share one rounding of
+/// the rows and one parallel region; any other mix runs one call per weight.
+pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedF32], ys: &mut [&mut [MaybeUninit<f32>]]) {
+    assert_eq!(ws.len(), ys.len(), "matmul: one output per weight");
+    let inp = ws.first().map_or(0, |w| w.inp);
+    let pairs: Option<Vec<(&[u16], usize)>> = ws
+        .iter()
+        .map(|w| match &w.data {
+            PanelData::Bf16Pairs(p) if w.inp == inp => Some((&p[..], w.out)),
+            _ => None,
+        })
+        .collect();
+    match pairs {
+        Some(pairs) => matmul_bf16::run_many(Isa::detected(), x, m, &pairs, inp, ys),
+        None => ws.iter().zip(ys.iter_mut()).for_each(|(w, y)| run(Isa::detected(), x, m, w, y)),
+    }
+}
+
+/// `silu(x·gateᵀ) · (x·upᵀ)` into uninitialised `y` `[m][out]` in one pass
+/// ([`matmul_bf16::run_gated`]) when both are bf16 weights of one shape packed for
+/// [`Bf16Compute::Dot`]; `false` (nothing written) otherwise. The bits are those of [`matmul`]
+/// for each followed by [`rowwise::silu_mul`](super::rowwise::silu_mul).
+pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedF32, up: &PackedF32, y: &mut [MaybeUninit<f32>]) -> bool {
+    match (&gate.data, &up.data) {
+        (PanelData::Bf16Pairs(g), PanelData::Bf16Pairs(u)) if (gate.out, gate.inp) == (up.out, up.inp) => {
+            matmul_bf16::run_gated(Isa::detected(), x, m, g, u, gate.out, gate.inp, y);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// [`matmul`] with an explicit instruction set (tests compare them bit for bit). One this CPU
 /// lacks falls back to the scalar path, which gives the same bits.
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) {

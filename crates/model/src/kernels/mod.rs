@@ -41,6 +41,14 @@ impl Stripe<'_> {
         // SAFETY: inside this stripe's own columns, which no other stripe of the call writes
         // (`by_panel_stripes_many` cuts disjoint column ranges).
         let dst = unsafe { self.y.part(at..at + n) };
+        // A whole 16-wide panel (nearly every call) as one fixed-size copy, which compiles to
+        // a vector store; a variable length goes through `memcpy`, a call per 64 bytes.
+        if let (16, Some(src)) = (n, vals.first_chunk::<16>()) {
+            for (d, &v) in dst.iter_mut().zip(src) {
+                *d = MaybeUninit::new(v);
+            }
+            return;
+        }
         // SAFETY: `vals` holds at least `n` values and `dst` is `n` long: an f32 copy into slots
         // of f32's layout.
         unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), dst.as_mut_ptr().cast::<f32>(), n) }
