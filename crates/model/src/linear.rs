@@ -102,22 +102,11 @@ impl Linear {
         let Some(parts) = int8 else {
             return Self::forward_vec_many_dense(x, linears);
         };
-        let (m, _) = x.dims2()?;
-        // Not zero-filled first: the kernel writes every output (as in `on_cpu_vec`).
-        let mut ys: Vec<Vec<f32>> = parts.iter().map(|(w, _)| Vec::with_capacity(m * w.out_features())).collect();
         let ws: Vec<&PackedQ8> = parts.iter().map(|(w, _)| *w).collect();
-        with_f32(x, |xs| {
-            let mut views: Vec<&mut [MaybeUninit<f32>]> =
-                ys.iter_mut().zip(&ws).map(|(y, w)| &mut y.spare_capacity_mut()[..m * w.out_features()]).collect();
-            matmul_q8::matmul_many_uninit(xs, m, &ws, &mut views)
-        })?;
-        for ((y, w), (_, bias)) in ys.iter_mut().zip(&ws).zip(&parts) {
-            // SAFETY: `matmul_many_uninit` wrote all `m · out` values of each output (it is
-            // only skipped when `with_f32` fails, which returned early above).
-            unsafe { y.set_len(m * w.out_features()) };
-            add_bias(y, w.out_features(), *bias)?;
-        }
-        Ok(Some(ys))
+        let outs: Vec<(usize, Option<&Tensor>)> = parts.iter().map(|(w, b)| (w.out_features(), *b)).collect();
+        let kernel =
+            |xs: &[f32], m, views: &mut [&mut [MaybeUninit<f32>]]| matmul_q8::matmul_many_uninit(xs, m, &ws, views);
+        Ok(Some(on_cpu_many(x, &outs, kernel)?))
     }
 
     /// [`forward_vec_many`](Self::forward_vec_many) when every weight is a packed dense one
@@ -134,21 +123,11 @@ impl Linear {
         let Some(parts) = dense.filter(|p| p.iter().all(|(w, _)| w.in_features() == p[0].0.in_features())) else {
             return linears.iter().map(|l| l.forward_vec(x)).collect();
         };
-        let (m, _) = x.dims2()?;
-        let mut ys: Vec<Vec<f32>> = parts.iter().map(|(w, _)| Vec::with_capacity(m * w.out_features())).collect();
         let ws: Vec<&PackedF32> = parts.iter().map(|(w, _)| w.as_ref()).collect();
-        with_f32(x, |xs| {
-            let mut views: Vec<&mut [MaybeUninit<f32>]> =
-                ys.iter_mut().zip(&ws).map(|(y, w)| &mut y.spare_capacity_mut()[..m * w.out_features()]).collect();
-            matmul_f32::matmul_many_uninit(xs, m, &ws, &mut views)
-        })?;
-        for ((y, w), (_, bias)) in ys.iter_mut().zip(&ws).zip(&parts) {
-            // SAFETY: `matmul_many_uninit` wrote all `m · out` values of each output (it is
-            // only skipped when `with_f32` fails, which returned early above).
-            unsafe { y.set_len(m * w.out_features()) };
-            add_bias(y, w.out_features(), *bias)?;
-        }
-        Ok(Some(ys))
+        let outs: Vec<(usize, Option<&Tensor>)> = parts.iter().map(|(w, b)| (w.out_features(), *b)).collect();
+        let kernel =
+            |xs: &[f32], m, views: &mut [&mut [MaybeUninit<f32>]]| matmul_f32::matmul_many_uninit(xs, m, &ws, views);
+        Ok(Some(on_cpu_many(x, &outs, kernel)?))
     }
 
     /// `silu(gate(x)) · up(x)` as a flat `Vec` `[n · out]` straight from a kernel's fused
@@ -235,6 +214,30 @@ fn on_cpu_vec(
     unsafe { y.set_len(m * out) };
     add_bias(&mut y, out, bias)?;
     Ok(y)
+}
+
+/// [`on_cpu_vec`] for a kernel that writes several outputs of the same rows in one call:
+/// output `j` is `[n · outs[j].0]`, its bias `outs[j].1` added.
+fn on_cpu_many(
+    x: &Tensor,
+    outs: &[(usize, Option<&Tensor>)],
+    kernel: impl Fn(&[f32], usize, &mut [&mut [MaybeUninit<f32>]]),
+) -> Result<Vec<Vec<f32>>> {
+    let (m, _) = x.dims2()?;
+    // Not zero-filled first: the kernel writes every output (as in `on_cpu_vec`).
+    let mut ys: Vec<Vec<f32>> = outs.iter().map(|&(out, _)| Vec::with_capacity(m * out)).collect();
+    with_f32(x, |xs| {
+        let mut views: Vec<&mut [MaybeUninit<f32>]> =
+            ys.iter_mut().zip(outs).map(|(y, &(out, _))| &mut y.spare_capacity_mut()[..m * out]).collect();
+        kernel(xs, m, &mut views)
+    })?;
+    for (y, &(out, bias)) in ys.iter_mut().zip(outs) {
+        // SAFETY: the kernel wrote all `m · out` values of each output (it is only skipped when
+        // `with_f32` fails, which returned early above).
+        unsafe { y.set_len(m * out) };
+        add_bias(y, out, bias)?;
+    }
+    Ok(ys)
 }
 
 /// Add `bias` (`[out]`) to every `out`-wide row of `y`.
