@@ -28,6 +28,10 @@ pub enum ModelError {
     /// A hub id that could not be resolved; the message names the id and what to do.
     #[error("{0}")]
     Hub(String),
+    /// A device that cannot be opened, or a combination not validated on it; the message says
+    /// what to run instead.
+    #[error("{0}")]
+    Device(String),
     #[error("invalid batch: {0}")]
     Batch(String),
     #[error("tensor op failed: {0}")]

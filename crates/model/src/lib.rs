@@ -4,6 +4,8 @@
 
 pub mod batch;
 pub mod config;
+pub mod device;
+pub mod device_cache;
 pub mod error;
 pub mod gguf;
 pub mod gguf_export;
@@ -11,6 +13,7 @@ pub mod gguf_scan;
 pub mod kernels;
 pub mod kv_cache;
 pub mod kv_dtype;
+pub mod kv_pool;
 pub mod linear;
 pub mod paged_cache;
 pub mod progress;
@@ -23,8 +26,10 @@ pub mod weights;
 
 pub use batch::{ForwardBatch, LogitsRows, SeqChunk};
 pub use config::{GenerationConfig, Qwen2Config, RopeConfig, RopeScaling};
+pub use device_cache::DeviceKvCache;
 pub use error::{ModelError, Result};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use kv_dtype::KvCacheDtype;
+pub use kv_pool::KvPool;
 pub use paged_cache::PagedKvCache;
 pub use qwen2::Qwen2Model;

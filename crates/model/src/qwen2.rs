@@ -225,6 +225,7 @@ impl Qwen2Model {
     /// Build the model from `weights`, checking every tensor's shape against `cfg`.
     /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
     pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
+        crate::device::check_dtype(device, dtype)?;
         let ld = Loader { weights, dtype, device };
         let h = cfg.hidden_size;
         // A tied embedding is also the lm_head matrix; either way it may stay bf16 (an untied
@@ -324,7 +325,27 @@ impl Qwen2Model {
         }
         let rows = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
         let last = ops.rms_norm(&self.norm, &x.index_select(&rows, 0)?)?;
-        Ok(Some(trace_span!("lm_head").in_scope(|| ops.logits(&self.lm_head, &last))?))
+        let logits = trace_span!("lm_head").in_scope(|| ops.logits(&self.lm_head, &last))?;
+        self.check_finite(&logits)?;
+        Ok(Some(logits))
+    }
+
+    /// Refuse non-finite logits where 16-bit activations can overflow (f16 compute, or any GPU
+    /// pass), so an overflow is an error naming its cause rather than text sampled from NaNs.
+    /// flint's CPU kernels accumulate in f32 and skip the scan.
+    fn check_finite(&self, logits: &[f32]) -> Result<()> {
+        if self.device.is_cpu() && self.dtype != DType::F16 {
+            return Ok(());
+        }
+        if logits.iter().all(|x| x.is_finite()) {
+            return Ok(());
+        }
+        let hint = if self.dtype == DType::F16 { ": f16 activations overflowed; run with --dtype bf16" } else { "" };
+        Err(ModelError::Device(format!(
+            "the forward pass on {} in {:?} produced non-finite logits{hint}",
+            crate::device::DeviceSpec::of(&self.device),
+            self.dtype
+        )))
     }
 
     /// [`forward_logits`](Self::forward_logits) as a tensor `[rows, vocab_size]` on the model's

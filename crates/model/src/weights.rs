@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, Metadata};
@@ -285,12 +285,16 @@ impl GgufWeights {
         if !self.content.tensor_infos.contains_key(&name) {
             return Err(ModelError::MissingTensor { file: self.path.clone(), name });
         }
+        // Read on the CPU whatever the device: a GPU takes only the block types it has a
+        // validated matmul for, and every other tensor (norms, biases, f16/f32 matrices) arrives
+        // there dense in the compute dtype, so no kernel table sees a type it rejects.
+        let host = Device::Cpu;
         let q = {
             let mut file = self.file.lock().map_err(|_| ModelError::Gguf {
                 file: self.path.clone(),
                 msg: "file handle poisoned by an earlier failure".into(),
             })?;
-            self.content.tensor(&mut *file, &name, device).map_err(|e| ModelError::BadTensor {
+            self.content.tensor(&mut *file, &name, &host).map_err(|e| ModelError::BadTensor {
                 file: self.path.clone(),
                 name: name.clone(),
                 msg: first_line(&e.to_string()),
@@ -300,13 +304,27 @@ impl GgufWeights {
         // per row. No real checkpoint has an odd one; such a matrix is widened (exactly) instead.
         let odd_rows = matches!(q.dtype(), GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1)
             && !(q.shape().dims().last().copied().unwrap_or(0) / q.dtype().block_size()).is_multiple_of(2);
+        let dense =
+            |dt: DType| -> Result<Weight> { Ok(Weight::Dense(q.dequantize(&host)?.to_dtype(dt)?.to_device(device)?)) };
         Ok(match q.dtype() {
             // Widened to f32 and narrowed back: exact for values that were bf16.
-            GgmlDType::BF16 if keep_half => Weight::Dense(q.dequantize(device)?.to_dtype(DType::BF16)?),
-            GgmlDType::F16 if keep_half => Weight::Dense(q.dequantize(device)?.to_dtype(DType::F16)?),
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
-            _ if odd_rows => Weight::Dense(q.dequantize(device)?.to_dtype(dtype)?),
-            _ => Weight::Quantized(q),
+            GgmlDType::BF16 if keep_half => dense(DType::BF16)?,
+            GgmlDType::F16 if keep_half => dense(DType::F16)?,
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => dense(dtype)?,
+            _ if odd_rows => dense(dtype)?,
+            _ if device.is_cpu() => Weight::Quantized(q),
+            t if crate::device::GPU_QUANT_TYPES.contains(&t) => {
+                let storage = QStorage::from_data(q.data()?, device, t)?;
+                Weight::Quantized(QTensor::new(storage, q.shape().clone())?)
+            }
+            t => {
+                return Err(ModelError::Device(format!(
+                    "{}: tensor `{name}` is {t:?}, which flint has not validated on {}: use a Q8_0, Q4_0, Q4_K or Q6_K \
+                     GGUF there, or run on the CPU",
+                    self.path.display(),
+                    crate::device::DeviceSpec::of(device)
+                )))
+            }
         })
     }
 

@@ -1,89 +1,21 @@
 //! The golden gate: flint's logits against Hugging Face transformers' (fixtures written by
 //! `scripts/golden.py`, f32, eager attention). Prefill logits, then KV-cached greedy steps.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use flint_model::kernels::matmul_f32::Bf16Compute;
 use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
 use flint_model::{ContiguousKvCache, ForwardBatch, KvCache, LogitsRows, PagedKvCache, Qwen2Model};
-use safetensors::SafeTensors;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden")
-}
+mod golden_common;
 
-/// The reference tensors, by name, as f32 or i64 vectors with their shapes.
-struct Reference {
-    f32s: HashMap<String, (Vec<usize>, Vec<f32>)>,
-    i64s: HashMap<String, Vec<i64>>,
-}
-
-impl Reference {
-    fn load(path: &Path) -> Self {
-        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let (mut f32s, mut i64s) = (HashMap::new(), HashMap::new());
-        for (name, view) in st.tensors() {
-            match view.dtype() {
-                safetensors::Dtype::F32 => {
-                    let v = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    f32s.insert(name, (view.shape().to_vec(), v));
-                }
-                safetensors::Dtype::I64 => {
-                    let v = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-                    i64s.insert(name, v);
-                }
-                other => panic!("unexpected dtype {other:?} for {name}"),
-            }
-        }
-        Self { f32s, i64s }
-    }
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.i64s[name].iter().map(|&x| x as u32).collect()
-    }
-    fn rows(&self, name: &str) -> Option<Vec<Vec<f32>>> {
-        let (shape, v) = self.f32s.get(name)?;
-        Some(v.chunks(shape[1]).map(<[f32]>::to_vec).collect())
-    }
-    fn num_prompts(&self) -> usize {
-        (0..).take_while(|k| self.i64s.contains_key(&format!("prompt.{k}"))).count()
-    }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn to_rows(t: &Tensor) -> Vec<Vec<f32>> {
-    t.to_vec2::<f32>().unwrap()
-}
+use golden_common::*;
 
 fn load(dir: &Path) -> Qwen2Model {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
     Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Largest |Δlogit| seen over prefill rows and cached steps, and whether every greedy token matched.
-#[derive(Debug, Default)]
-struct Outcome {
-    prefill_max: f32,
-    step_max: f32,
-    greedy_mismatches: usize,
-    greedy_total: usize,
 }
 
 /// Prefill each prompt in one pass (all rows), then feed the reference greedy tokens one at a time
@@ -95,25 +27,6 @@ fn run_reference(model: &Qwen2Model, reference: &Reference, decisive: f32) -> Ou
     run_reference_on(model, reference, decisive, false)
 }
 
-/// A paged pool of 211 blocks of 16 tokens; tables walk it with stride 7 (a permutation, as 211
-/// is prime), so consecutive positions live in scattered, non-adjacent blocks. Sequence `seq`
-/// uses permutation entries `30·seq ..`, disjoint from the others' for up to 480 tokens.
-const POOL_BLOCKS: usize = 211;
-
-fn scattered_table(seq: usize, len: usize) -> Vec<u32> {
-    assert!(len <= 480 && 30 * seq + 30 <= POOL_BLOCKS);
-    (0..len.div_ceil(16)).map(|i| (((30 * seq + i) * 7 + 3) % POOL_BLOCKS) as u32).collect()
-}
-
-/// `batch.push`, into a paged table when `paged`.
-fn push(b: &mut ForwardBatch, paged: bool, slot: usize, ctx: usize, toks: &[u32], rows: LogitsRows, total: usize) {
-    if paged {
-        b.push_paged(slot, ctx, toks, rows, scattered_table(slot, total));
-    } else {
-        b.push(slot, ctx, toks, rows);
-    }
-}
-
 fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
     if paged {
         Box::new(PagedKvCache::new(model.config(), flint_model::KvCacheDtype::F32, 16, POOL_BLOCKS).unwrap())
@@ -123,53 +36,7 @@ fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
 }
 
 fn run_reference_on(model: &Qwen2Model, reference: &Reference, decisive: f32, paged: bool) -> Outcome {
-    let mut out = Outcome::default();
-    for k in 0..reference.num_prompts() {
-        let prompt = reference.ids(&format!("prompt.{k}"));
-        let greedy = reference.ids(&format!("greedy.{k}"));
-        let margins = reference.f32s.get(&format!("greedy_margin.{k}")).map(|(_, m)| m.clone());
-        let decides = |j: usize| margins.as_ref().is_none_or(|m| m[j] > decisive);
-        let mut cache = new_cache(model, paged);
-        let total = prompt.len() + greedy.len();
-        let mut batch = ForwardBatch::new();
-        push(&mut batch, paged, 0, 0, &prompt, LogitsRows::All, total);
-        let logits = to_rows(&model.forward(&batch, cache.as_mut()).unwrap().unwrap());
-        // The engine's entry point (logits as a flat vector) gives exactly the same numbers.
-        let flat = model.forward_logits(&batch, new_cache(model, paged).as_mut()).unwrap().unwrap();
-        assert_eq!(flat, logits.concat(), "forward_logits differs from forward");
-        let want_rows = reference.rows(&format!("prefill_logits.{k}")).unwrap();
-        let positions = &reference.i64s[&format!("prefill_rows.{k}")];
-        for (row, &pos) in want_rows.iter().zip(positions) {
-            out.prefill_max = out.prefill_max.max(max_abs_diff(&logits[pos as usize], row));
-        }
-        out.greedy_total += 1;
-        if decides(0) && argmax(logits.last().unwrap()) != greedy[0] {
-            out.greedy_mismatches += 1;
-        }
-        let steps = reference.rows(&format!("step_logits.{k}"));
-        for (s, &tok) in greedy.iter().enumerate() {
-            let mut b = ForwardBatch::new();
-            push(&mut b, paged, 0, prompt.len() + s, &[tok], LogitsRows::Last, total);
-            let row = to_rows(&model.forward(&b, cache.as_mut()).unwrap().unwrap()).remove(0);
-            if let Some(steps) = &steps {
-                out.step_max = out.step_max.max(max_abs_diff(&row, &steps[s]));
-            }
-            if let Some(&next) = greedy.get(s + 1) {
-                out.greedy_total += 1;
-                if decides(s + 1) && argmax(&row) != next {
-                    out.greedy_mismatches += 1;
-                }
-            }
-        }
-    }
-    out
-}
-
-fn assert_within(name: &str, o: &Outcome, tol: f32) {
-    eprintln!("{name}: {o:?} (tolerance {tol})");
-    assert!(o.prefill_max <= tol, "{name}: prefill max |Δlogit| {} > {tol}", o.prefill_max);
-    assert!(o.step_max <= tol, "{name}: cached-step max |Δlogit| {} > {tol}", o.step_max);
-    assert_eq!(o.greedy_mismatches, 0, "{name}: greedy tokens differ from transformers");
+    run_with_cache(model, reference, decisive, paged, &|| new_cache(model, paged))
 }
 
 #[test]
