@@ -7,7 +7,9 @@ use crate::runner::{DraftModel, PagedModelRunner};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::SpeculativeConfig;
 use crate::EngineError;
-use flint_model::{KvCacheDtype, PagedKvCache};
+use candle_core::DType;
+use flint_model::device::{memory_info, DeviceSpec};
+use flint_model::{DeviceKvCache, KvCacheDtype, KvPool, PagedKvCache};
 
 /// The serving knobs (`--block-size`, `--kv-cache-memory`, …), defaults chosen for a CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +82,9 @@ pub struct PoolPlan {
     pub speculative: Option<SpeculativeConfig>,
     /// With a draft model: its share of `bytes_per_block` (its own cache over the same blocks).
     pub draft_bytes_per_block: usize,
+    /// The model's device and compute dtype when the pool lives in GPU memory (it then stores
+    /// the compute dtype, and `kv_cache_dtype` is not used); `None` for the host pool.
+    pub device_pool: Option<(DeviceSpec, DType)>,
 }
 
 impl PoolPlan {
@@ -95,12 +100,20 @@ impl PoolPlan {
     /// The cache's geometry for the start-up banner and `/metrics`.
     pub fn cache_info(&self) -> CacheInfo {
         CacheInfo {
-            dtype: self.kv_cache_dtype.to_string(),
+            dtype: self.dtype_name(),
             block_size: self.sched.block_size,
             num_blocks: self.sched.num_blocks,
             bytes_per_token: self.bytes_per_token(),
             capacity_tokens: self.tokens(),
             prefix_caching: self.sched.enable_prefix_caching,
+        }
+    }
+
+    /// What the pool stores: `f32`, `int8`, … for the host pool; `bf16 on cuda:0` for a device one.
+    pub fn dtype_name(&self) -> String {
+        match self.device_pool {
+            Some((device, dtype)) => format!("{} on {device}", dtype.as_str()),
+            None => self.kv_cache_dtype.to_string(),
         }
     }
 
@@ -125,7 +138,7 @@ impl PoolPlan {
         };
         format!(
             "KV cache {} | {:.1} bytes/token{draft} | {} blocks x {} tokens = {} tokens ({:.1} MiB){staging}",
-            self.kv_cache_dtype,
+            self.dtype_name(),
             self.bytes_per_token(),
             self.sched.num_blocks,
             self.sched.block_size,
@@ -209,13 +222,19 @@ pub fn plan(lm: &LoadedModel, draft: Option<&LoadedModel>, ec: &EngineConfig) ->
     if wants_draft != draft.is_some() {
         return Err(EngineError::Internal("the draft model must be loaded exactly when the config names one".into()));
     }
+    let device_pool = device_pool(lm, ec, draft.is_some())?;
     let draft_bytes_per_block =
         draft.map_or(0, |d| draft_kv_dtype(dtype).bytes_per_block(d.model.config(), block_size));
-    let bytes_per_block = dtype.bytes_per_block(cfg, block_size) + draft_bytes_per_block;
+    let bytes_per_block = match device_pool {
+        Some((_, dt)) => DeviceKvCache::bytes_per_block(cfg, dt, block_size),
+        None => dtype.bytes_per_block(cfg, block_size) + draft_bytes_per_block,
+    };
     let useful = ec.max_num_seqs.saturating_mul(max_model_len.div_ceil(block_size)).saturating_mul(bytes_per_block);
-    let pool_bytes = match ec.kv_cache_memory {
-        Some(b) => b,
-        None => (available_memory().unwrap_or(4 << 30) / 4).min(useful),
+    let pool_bytes = match (ec.kv_cache_memory, memory_info(lm.model.device())) {
+        (Some(b), _) => b,
+        // On a GPU, as vLLM's default utilisation: 90% of what the weights left free.
+        (None, Some((free, _))) => (free / 10 * 9).min(useful),
+        (None, None) => (available_memory().unwrap_or(4 << 30) / 4).min(useful),
     };
     let num_blocks = pool_bytes / bytes_per_block;
     if num_blocks == 0 {
@@ -234,7 +253,7 @@ pub fn plan(lm: &LoadedModel, draft: Option<&LoadedModel>, ec: &EngineConfig) ->
             block_size,
             num_blocks,
             enable_prefix_caching: ec.enable_prefix_caching,
-            quantize_full_blocks: dtype == KvCacheDtype::Int8,
+            quantize_full_blocks: device_pool.is_none() && dtype == KvCacheDtype::Int8,
         },
         kv_cache_dtype: dtype,
         bytes_per_block,
@@ -243,7 +262,54 @@ pub fn plan(lm: &LoadedModel, draft: Option<&LoadedModel>, ec: &EngineConfig) ->
         batch_invariant: lm.model.is_batch_invariant(),
         speculative: ec.speculative.clone(),
         draft_bytes_per_block,
+        device_pool,
     })
+}
+
+/// For a model on a GPU, its device and compute dtype (what the device pool stores); `None` on the
+/// CPU. See [`check_device_pool`] for what is refused.
+fn device_pool(
+    lm: &LoadedModel,
+    ec: &EngineConfig,
+    with_draft: bool,
+) -> Result<Option<(DeviceSpec, DType)>, EngineError> {
+    let (device, compute) = (lm.model.device(), lm.model.dtype());
+    if device.is_cpu() {
+        return Ok(None);
+    }
+    let spec = DeviceSpec::of(device);
+    check_device_pool(spec, compute, ec.kv_cache_dtype, with_draft).map_err(EngineError::InvalidRequest)?;
+    Ok(Some((spec, compute)))
+}
+
+/// Refuse, for a pool on `spec`, what only the host pool does: an int8 cache, a cache dtype other
+/// than the compute dtype, and a draft model (it runs on the CPU, over a host pool).
+pub fn check_device_pool(
+    spec: DeviceSpec,
+    compute: DType,
+    kv: Option<KvCacheDtype>,
+    with_draft: bool,
+) -> Result<(), String> {
+    let matches = match kv {
+        None => true,
+        Some(KvCacheDtype::F32) => compute == DType::F32,
+        Some(KvCacheDtype::Bf16) => compute == DType::BF16,
+        Some(KvCacheDtype::Int8) => false,
+    };
+    if let (false, Some(asked)) = (matches, kv) {
+        return Err(format!(
+            "--kv-cache-dtype {asked}: on {spec} the KV pool stores the compute dtype ({}); leave --kv-cache-dtype \
+             unset (int8 KV is a CPU feature)",
+            compute.as_str()
+        ));
+    }
+    if with_draft {
+        return Err(format!(
+            "--speculative-config: a draft model runs on the CPU only, not with the target on {spec}; use \
+             method ngram there"
+        ));
+    }
+    Ok(())
 }
 
 /// An engine core over `lm`'s model (and `draft`'s, for speculative decoding) with fresh pools
@@ -254,7 +320,11 @@ pub fn build_core(
     plan: &PoolPlan,
 ) -> Result<EngineCore<PagedModelRunner>, EngineError> {
     let cfg = lm.model.config();
-    let cache = PagedKvCache::new(cfg, plan.kv_cache_dtype, plan.sched.block_size, plan.sched.num_blocks)?;
+    let (bs, nb) = (plan.sched.block_size, plan.sched.num_blocks);
+    let cache = match plan.device_pool {
+        Some((_, dtype)) => KvPool::Device(DeviceKvCache::new(cfg, dtype, bs, nb, lm.model.device())?),
+        None => KvPool::Host(PagedKvCache::new(cfg, plan.kv_cache_dtype, bs, nb)?),
+    };
     let draft = match draft {
         Some(d) => Some(DraftModel {
             model: d.model.clone(),
@@ -277,4 +347,23 @@ pub fn build_core(
     let mut core = EngineCore::new(runner, plan.sched.clone(), lm.tokenizer.clone(), info);
     core.set_speculative(plan.speculative.clone());
     Ok(core)
+}
+
+#[cfg(test)]
+mod device_pool_tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_pool_refuses_what_only_the_host_pool_does() {
+        let gpu = DeviceSpec::Cuda(0);
+        assert!(check_device_pool(gpu, DType::BF16, None, false).is_ok());
+        assert!(check_device_pool(gpu, DType::BF16, Some(KvCacheDtype::Bf16), false).is_ok());
+        assert!(check_device_pool(gpu, DType::F32, Some(KvCacheDtype::F32), false).is_ok());
+        let int8 = check_device_pool(gpu, DType::BF16, Some(KvCacheDtype::Int8), false).unwrap_err();
+        assert!(int8.contains("--kv-cache-dtype int8") && int8.contains("cuda:0"), "{int8}");
+        let f32_kv = check_device_pool(gpu, DType::F16, Some(KvCacheDtype::F32), false).unwrap_err();
+        assert!(f32_kv.contains("compute dtype (f16)"), "{f32_kv}");
+        let draft = check_device_pool(gpu, DType::BF16, None, true).unwrap_err();
+        assert!(draft.contains("draft model") && draft.contains("ngram"), "{draft}");
+    }
 }

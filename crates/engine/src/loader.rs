@@ -46,7 +46,7 @@ impl LoadedModel {
             None => demo_dir()?.to_string_lossy().into_owned(),
         };
         let ck = Checkpoint::open(&spec)?;
-        let dtype = dtype.unwrap_or_else(|| auto_dtype(&ck));
+        let dtype = dtype.unwrap_or_else(|| if device.is_cpu() { auto_dtype(&ck) } else { auto_gpu_dtype(&ck) });
         // The tokenizer first: a missing one should not cost a full weight load to discover.
         let (tokenizer, chat_template) = tokenizer_and_template(&ck)?;
         let model = Qwen2Model::load(&ck.config, &ck.weights, dtype, device)?;
@@ -107,6 +107,16 @@ pub fn auto_dtype(ck: &Checkpoint) -> DType {
     }
     match ck.config.torch_dtype.as_deref() {
         Some("float16") => DType::F16,
+        _ => DType::BF16,
+    }
+}
+
+/// On a GPU, as vLLM's `auto`: the checkpoint's own dtype (bf16 when it does not say, as for a
+/// GGUF), so a bf16 model computes in bf16 on the tensor cores.
+pub fn auto_gpu_dtype(ck: &Checkpoint) -> DType {
+    match ck.config.torch_dtype.as_deref() {
+        Some("float16") => DType::F16,
+        Some("float32") => DType::F32,
         _ => DType::BF16,
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flint_model::{ForwardBatch, LogitsRows, PagedKvCache, Qwen2Model};
+use flint_model::{ForwardBatch, KvPool, LogitsRows, PagedKvCache, Qwen2Model};
 
 use crate::kv_manager::SeqId;
 use crate::scheduler::StepPlan;
@@ -65,10 +65,11 @@ pub struct DraftModel {
     pub valid_vocab: usize,
 }
 
-/// Qwen2 over the paged KV cache, with a draft model when speculative decoding uses one.
+/// Qwen2 over the paged KV cache (in host memory, or the GPU's when the model runs there), with a
+/// draft model when speculative decoding uses one.
 pub struct PagedModelRunner {
     pub model: Arc<Qwen2Model>,
-    pub cache: PagedKvCache,
+    pub cache: KvPool,
     pub draft: Option<DraftModel>,
 }
 

@@ -18,7 +18,7 @@ use flint_engine::{
 use flint_model::kernels::matmul_f32::Bf16Compute;
 use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
-use flint_model::{KvCacheDtype, PagedKvCache, Qwen2Model};
+use flint_model::{DeviceKvCache, KvCacheDtype, KvPool, PagedKvCache, Qwen2Model};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/small-f32")
@@ -29,11 +29,18 @@ struct Setup {
     tokenizer: Arc<Tokenizer>,
     /// How bf16 weights are packed (`None`: as this machine would).
     bf16: Option<Bf16Compute>,
+    /// The device KV pool (on the CPU: its reference ops) instead of the host pool.
+    device_pool: bool,
 }
 
 impl Setup {
     fn new() -> Self {
-        Self { model_dir: fixture(), tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()), bf16: None }
+        Self {
+            model_dir: fixture(),
+            tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()),
+            bf16: None,
+            device_pool: false,
+        }
     }
 
     fn core(&self, dtype: KvCacheDtype, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
@@ -43,7 +50,11 @@ impl Setup {
             Some(c) => with_bf16_compute(c, load),
             None => load(),
         };
-        let cache = PagedKvCache::new(&ck.config, dtype, 16, num_blocks).unwrap();
+        let cache = if self.device_pool {
+            KvPool::Device(DeviceKvCache::new(&ck.config, DType::F32, 16, num_blocks, &Device::Cpu).unwrap())
+        } else {
+            KvPool::Host(PagedKvCache::new(&ck.config, dtype, 16, num_blocks).unwrap())
+        };
         let sched = SchedulerConfig {
             max_num_batched_tokens: budget,
             max_num_seqs: 64,
@@ -142,7 +153,9 @@ fn run_with(core: &mut EngineCore<PagedModelRunner>, others: usize, first: Optio
 /// cache holds no staging: nothing leaks.
 fn assert_no_staging(core: &mut EngineCore<PagedModelRunner>) {
     core.step();
-    assert_eq!(core.runner_mut().cache.staging_blocks(), 0, "staging outlived its blocks");
+    if let KvPool::Host(cache) = &core.runner_mut().cache {
+        assert_eq!(cache.staging_blocks(), 0, "staging outlived its blocks");
+    }
 }
 
 #[test]
@@ -167,6 +180,7 @@ fn bf16_dot_products_are_batch_invariant() {
         model_dir: fixture().join("../full-vocab-bf16"),
         tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()),
         bf16: Some(Bf16Compute::Dot),
+        device_pool: false,
     };
     let simd = flint_model::kernels::matmul_bf16::simd_available();
     eprintln!("bf16 dot products via {}", if simd { "AVX-512 BF16" } else { "the scalar emulation" });
@@ -177,6 +191,23 @@ fn bf16_dot_products_are_batch_invariant() {
         None,
     );
     assert_ne!(dot, exact, "bf16 dot products gave the exact path's bits");
+}
+
+/// The device KV pool under the same scheduling (batches, chunked prefill, preemption, prefix
+/// hits), through its ops' CPU reference here and the CUDA kernels on a GPU: batch-invariant, and
+/// the host pool's greedy tokens with logprobs within f32 summation order.
+#[test]
+fn the_device_pool_is_batch_invariant_and_agrees_with_the_host_pool() {
+    let host = run_with(&mut Setup::new().core(KvCacheDtype::F32, 4096, 512), 0, None);
+    let device = invariant_for(&Setup { device_pool: true, ..Setup::new() }, KvCacheDtype::F32);
+    assert_eq!(host.len(), device.len());
+    for ((ht, hl, htop), (dt, dl, dtop)) in host.iter().zip(&device) {
+        assert_eq!(ht, dt, "the device pool changed a greedy token");
+        let close = |a: u32, b: u32| (f32::from_bits(a) - f32::from_bits(b)).abs() <= 1e-4;
+        assert!(close(*hl, *dl), "logprob {} vs {}", f32::from_bits(*hl), f32::from_bits(*dl));
+        assert_eq!(htop.len(), dtop.len());
+        assert!(htop.iter().zip(dtop).all(|(a, b)| a.0 == b.0 && close(a.1, b.1)), "top logprobs differ");
+    }
 }
 
 fn invariant_for(setup: &Setup, dtype: KvCacheDtype) -> Trace {

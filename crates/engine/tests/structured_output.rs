@@ -58,7 +58,8 @@ impl Setup {
             valid_vocab: self.tokenizer.len(),
             eos_token_ids: EOS.to_vec(),
         };
-        let runner = PagedModelRunner { model: self.model.clone(), cache, draft: None };
+        let runner =
+            PagedModelRunner { model: self.model.clone(), cache: flint_model::KvPool::Host(cache), draft: None };
         let mut core = EngineCore::new(runner, sched, self.tokenizer.clone(), info);
         core.check_invariants = true;
         core
