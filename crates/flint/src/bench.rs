@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
 use flint_engine::{build_core, load_draft, plan, Engine, EngineEvent, LoadedModel, Request, RequestParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -88,7 +87,7 @@ pub fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.num_prompts == 0 || a.input_len == 0 || a.output_len == 0 || a.waves == 0 {
         bail!("--num-prompts, --input-len, --output-len and --waves must be at least 1");
     }
-    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
+    let lm = LoadedModel::load(a.model.as_deref(), &a.engine.device.open()?, None)?;
     // A draft model (speculative decoding) is loaded once for every level.
     let draft = load_draft(&lm, &a.engine.config()?)?;
     let vocab = lm.ordinary_vocab();

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::Device;
 use flint_engine::engine_core::EventSink;
 use flint_engine::{
     build_core, draft_kv_dtype, load_draft, plan, EngineConfig, EngineCore, LoadedModel, PagedModelRunner, Request,
@@ -22,7 +21,7 @@ use flint_engine::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine_args::{KvDtypeArg, SpeculativeArg};
+use crate::engine_args::{DeviceArg, KvDtypeArg, SpeculativeArg};
 
 #[derive(clap::Args)]
 pub struct LatencyArgs {
@@ -45,6 +44,8 @@ pub struct LatencyArgs {
     /// Tokens per KV block (default: the cache dtype's).
     #[arg(long)]
     block_size: Option<usize>,
+    #[command(flatten)]
+    device: DeviceArg,
     #[command(flatten)]
     kv: KvDtypeArg,
     #[command(flatten)]
@@ -93,7 +94,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         bail!("--prompt-len, --gen-len, --reps and --max-num-batched-tokens must be at least 1");
     }
     let spec = a.spec.get()?;
-    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, None)?;
+    let lm = LoadedModel::load(a.model.as_deref(), &a.device.open()?, None)?;
     if let Some(note) = lm.bf16_note() {
         eprintln!("{note}");
     }

@@ -2,17 +2,20 @@
 
 use anyhow::{bail, Result};
 use flint_engine::{EngineConfig, SpeculativeConfig};
+use flint_model::device::DeviceSpec;
 use flint_model::KvCacheDtype;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Tokens per KV-cache block; default 16, or 128 with --kv-cache-dtype int8.
     #[arg(long)]
     pub block_size: Option<usize>,
     #[command(flatten)]
     pub kv: KvDtypeArg,
     /// Bytes for the paged KV cache (suffixes K, M, G, KiB, MiB, GiB); default: a quarter of
-    /// the memory available after loading the model.
+    /// the memory available after loading the model (on a GPU: 90% of its free memory).
     #[arg(long, value_parser = parse_bytes)]
     pub kv_cache_memory: Option<usize>,
     /// Token budget of one engine step (decodes plus prefill chunks).
@@ -45,6 +48,26 @@ impl EngineArgs {
             speculative: self.spec.get()?,
         })
     }
+}
+
+/// `--device`, shared by every command that loads a model.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeviceArg {
+    /// Where the model runs: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
+    /// `--features cuda`; there the KV cache and attention live in GPU memory.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceSpec,
+}
+
+impl DeviceArg {
+    /// The opened device, or one line saying why it cannot be opened.
+    pub fn open(&self) -> Result<candle_core::Device> {
+        Ok(self.device.open()?)
+    }
+}
+
+fn parse_device(s: &str) -> std::result::Result<DeviceSpec, String> {
+    s.parse()
 }
 
 /// `--speculative-config`, shared by every command that builds an engine.

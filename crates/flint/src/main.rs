@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
+use candle_core::DType;
 use clap::{Parser, Subcommand};
 use flint_engine::tokenizer::Tokenizer;
 use flint_engine::{generate, GenerateRequest, LoadedModel, RequestParams, SamplingParams};
@@ -97,6 +97,8 @@ struct GenerateArgs {
     /// Compute dtype of dense weights: auto = f32 unless that does not fit in memory.
     #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "bf16", "f16"])]
     dtype: String,
+    #[command(flatten)]
+    device: engine_args::DeviceArg,
     #[command(flatten)]
     kv: engine_args::KvDtypeArg,
     #[command(flatten)]
@@ -214,9 +216,13 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     sampling.validate()?;
     let speculative = a.spec.get()?;
     let dtype = engine_args::parse_dtype(&a.dtype);
-    let lm = LoadedModel::load(a.model.as_deref(), &Device::Cpu, dtype)?;
-    let kv = a.kv.get().unwrap_or(flint_model::KvCacheDtype::F32);
-    eprintln!("loaded {} ({:?} compute, {kv} KV cache)", lm.source, lm.model.dtype());
+    let device = a.device.open()?;
+    let lm = LoadedModel::load(a.model.as_deref(), &device, dtype)?;
+    let kv = match a.device.device {
+        flint_model::device::DeviceSpec::Cpu => a.kv.get().unwrap_or(flint_model::KvCacheDtype::F32).to_string(),
+        d => format!("{} on {d}", lm.model.dtype().as_str()),
+    };
+    eprintln!("loaded {} on {} ({:?} compute, {kv} KV cache)", lm.source, a.device.device, lm.model.dtype());
     if let Some(note) = lm.bf16_note() {
         eprintln!("{note}");
     }

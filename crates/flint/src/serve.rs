@@ -130,6 +130,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let _flush = otlp.map(FlushSpans);
     let dtype = parse_dtype(&a.dtype);
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
+    if !a.workers.is_empty() && a.engine.device.device != flint_model::device::DeviceSpec::Cpu {
+        bail!("--device applies without --worker; give each worker its device (--worker device=cuda:0,...)");
+    }
+    let device = if a.workers.is_empty() { Some(a.engine.device.open()?) } else { None };
     if !a.workers.is_empty() {
         let (specs, policy) = (a.workers.clone(), a.router);
         let load =
@@ -137,7 +141,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         return run_server(cfg, load);
     }
     let load = move || -> Result<ServingModel, String> {
-        let lm = LoadedModel::load(model.as_deref(), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
+        let device = device.unwrap_or(Device::Cpu);
+        let lm = LoadedModel::load(model.as_deref(), &device, dtype).map_err(|e| e.to_string())?;
         let draft = load_draft(&lm, &engine_cfg).map_err(|e| e.to_string())?;
         let pool = plan(&lm, draft.as_ref(), &engine_cfg).map_err(|e| e.to_string())?;
         let core = build_core(&lm, draft.as_ref(), &pool).map_err(|e| e.to_string())?;
@@ -146,8 +151,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             tracing::info!("{note}");
         }
         tracing::info!(
-            "model {} | {:?} compute | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?} | max model len {}",
+            "model {} | {} | {:?} compute | {} layers, hidden {}, {}/{} heads | RoPE theta {} scaling {:?} | max model len {}",
             lm.source,
+            flint_model::device::DeviceSpec::of(&device),
             lm.model.dtype(),
             c.num_hidden_layers,
             c.hidden_size,
@@ -189,6 +195,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             chat_template,
             max_model_len,
             cache: pool.cache_info(),
+            devices: vec![flint_model::device::DeviceSpec::of(&device).to_string()],
         })
     };
     run_server(cfg, load)
@@ -245,7 +252,8 @@ fn load_workers(
     tracing::info!("router: {} over {} worker(s)", router.policy(), router.num_workers());
     let max_model_len = router.max_model_len();
     let LoadedModel { tokenizer, chat_template, .. } = lm;
-    Ok(ServingModel { router, tokenizer, chat_template, max_model_len, cache })
+    let devices = specs.iter().map(|s| s.device.to_string()).collect();
+    Ok(ServingModel { router, tokenizer, chat_template, max_model_len, cache, devices })
 }
 
 fn run_server<F>(cfg: ServerConfig, load: F) -> Result<()>

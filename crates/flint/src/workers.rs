@@ -3,7 +3,6 @@
 //! other worker uses), built over weights loaded once per distinct (model, dtype).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
@@ -11,16 +10,10 @@ use flint_engine::loader::available_memory;
 use flint_engine::{
     build_core, load_draft, plan, same_vocabulary, Engine, EngineConfig, EngineThread, LoadedModel, PoolPlan,
 };
+use flint_model::device::DeviceSpec;
 use flint_model::kernels::pool::{core_cpus, KernelPool};
 
 use crate::engine_args::{parse_bytes, parse_dtype};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceSpec {
-    Cpu,
-    Cuda(usize),
-    Metal,
-}
 
 /// One `--worker` value: `device=cpu,threads=1,kv-cache-memory=2G,max-num-seqs=16,dtype=bf16,model=PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,17 +54,7 @@ impl std::str::FromStr for WorkerSpec {
                 _ => Err(format!("--worker {s:?}: {k} must be a whole number of at least 1, got {v:?}")),
             };
             match k.as_str() {
-                "device" => {
-                    spec.device = match v {
-                        "cpu" => DeviceSpec::Cpu,
-                        "metal" => DeviceSpec::Metal,
-                        "cuda" => DeviceSpec::Cuda(0),
-                        d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
-                            Some(Ok(i)) => DeviceSpec::Cuda(i),
-                            _ => return bad(format!("unknown device {v:?} (cpu, cuda:N or metal)")),
-                        },
-                    }
-                }
+                "device" => spec.device = v.parse().map_err(|m: String| format!("--worker {s:?}: {m}"))?,
                 "threads" => spec.threads = Some(count(v)?),
                 "max-num-seqs" => spec.max_num_seqs = Some(count(v)?),
                 "kv-cache-memory" => {
@@ -156,17 +139,11 @@ pub fn build(
     default_dtype: Option<DType>,
     base: &EngineConfig,
 ) -> Result<(LoadedModel, Vec<BuiltWorker>)> {
+    // Every device opens (or says why not) before any weights load.
+    let mut devices: HashMap<DeviceSpec, Device> = HashMap::new();
     for (i, s) in specs.iter().enumerate() {
-        match s.device {
-            DeviceSpec::Cpu => {}
-            DeviceSpec::Cuda(d) => bail!(
-                "--worker {i}: device=cuda:{d} is not supported by flint yet: its model runs on the CPU only \
-                 (no CUDA kernels in any build; see docs/scale-out.md)"
-            ),
-            DeviceSpec::Metal => bail!(
-                "--worker {i}: device=metal is not supported by flint yet: its model runs on the CPU only \
-                 (no Metal kernels in any build; see docs/scale-out.md)"
-            ),
+        if let std::collections::hash_map::Entry::Vacant(e) = devices.entry(s.device) {
+            e.insert(s.device.open().with_context(|| format!("--worker {i}"))?);
         }
     }
     let cores = core_cpus();
@@ -174,16 +151,17 @@ pub fn build(
         tracing::warn!("cannot read the CPU topology: CPU workers run unpinned");
     }
     let threads = assign_cores(specs, cores.as_deref())?;
-    // Weights loaded once per (model, dtype): CPU workers on the same checkpoint share them.
-    let mut loaded: HashMap<(Option<String>, Option<String>), LoadedModel> = HashMap::new();
-    let key = |s: &WorkerSpec| (s.model.clone().or(default_model.map(String::from)), s.dtype.clone());
+    // Weights loaded once per (model, dtype, device): CPU workers on the same checkpoint share them.
+    type Key = (Option<String>, Option<String>, DeviceSpec);
+    let mut loaded: HashMap<Key, LoadedModel> = HashMap::new();
+    let key = |s: &WorkerSpec| (s.model.clone().or(default_model.map(String::from)), s.dtype.clone(), s.device);
     for s in specs {
         let k = key(s);
         if loaded.contains_key(&k) {
             continue;
         }
         let dtype = s.dtype.as_deref().map_or(default_dtype, parse_dtype);
-        let lm = LoadedModel::load(k.0.as_deref(), &Device::Cpu, dtype)
+        let lm = LoadedModel::load(k.0.as_deref(), &devices[&s.device], dtype)
             .with_context(|| format!("loading {}", k.0.as_deref().unwrap_or("the demo model")))?;
         loaded.insert(k, lm);
     }
@@ -212,22 +190,27 @@ pub fn build(
             pool = plan(lm, draft.as_ref(), &ec)?;
         }
         let core = build_core(lm, draft.as_ref(), &pool)?;
-        let (n, cpus) = threads[i].clone();
-        let kernels = KernelPool::start(n, cpus);
         let name = s.name(i);
-        let where_ = match kernels.cpus() {
-            Some(c) => format!("{} thread(s) pinned to CPUs {c:?}", kernels.threads()),
-            None => format!("{} thread(s), unpinned", kernels.threads()),
+        // A GPU worker's engine thread only launches kernels: it needs no kernel threads.
+        let (kernels, where_) = if s.device == DeviceSpec::Cpu {
+            let (n, cpus) = threads[i].clone();
+            let kernels = KernelPool::start(n, cpus);
+            let where_ = match kernels.cpus() {
+                Some(c) => format!("cpu, {} thread(s) pinned to CPUs {c:?}", kernels.threads()),
+                None => format!("cpu, {} thread(s), unpinned", kernels.threads()),
+            };
+            (Some(kernels), where_)
+        } else {
+            (None, s.device.to_string())
         };
         let describe = format!(
-            "worker {name}: cpu, {where_}, {:?} compute of {} | {} | max-num-seqs {}",
+            "worker {name}: {where_}, {:?} compute of {} | {} | max-num-seqs {}",
             lm.model.dtype(),
             lm.source,
             pool.describe(),
             pool.sched.max_num_seqs
         );
-        let engine =
-            Engine::start_with(core, EngineThread { name: Some(name.clone()), kernels: Some(Arc::clone(&kernels)) });
+        let engine = Engine::start_with(core, EngineThread { name: Some(name.clone()), kernels });
         workers.push(BuiltWorker { name, engine, pool, describe });
     }
     let k = key(&specs[0]);
@@ -285,8 +268,11 @@ mod tests {
     fn unsupported_devices_fail_before_loading_anything() {
         let err = build(&[spec("device=cuda:0")], Some("/nonexistent"), None, &EngineConfig::default())
             .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("not supported by flint yet"), "{err}");
+            .map(|e| format!("{e:#}"))
+            .unwrap();
+        // Without the cuda feature the device cannot open; with it and no GPU, neither.
+        assert!(err.contains("--worker 0") && err.contains("--device cuda:0"), "{err}");
+        let err = build(&[spec("device=metal")], Some("/nonexistent"), None, &EngineConfig::default()).err().unwrap();
+        assert!(format!("{err:#}").contains("no Metal kernels"), "{err:#}");
     }
 }

@@ -216,6 +216,21 @@ fn bad_cli_values_are_one_line() {
     assert_one_line_error(&o, &["unknown method \"eagle\"", "ngram"]);
 }
 
+/// `--device` names a device this build cannot use: one line saying what to do, before any model
+/// loads. (CI builds without the cuda feature; `scripts/device_check.sh` runs the GPU path.)
+#[test]
+fn unavailable_devices_are_one_line() {
+    let o = flint(&["generate", "--prompt", "x", "--device", "cuda:0"]);
+    assert_one_line_error(&o, &["--device cuda:0", "built without CUDA", "--features cuda"]);
+    let o = flint(&["bench", "latency", "--device", "metal", "--model", "/nonexistent"]);
+    assert_one_line_error(&o, &["--device metal", "no Metal kernels"]);
+    let o = flint(&["serve", "--device", "cuda:1", "--port", "1"]);
+    assert_one_line_error(&o, &["--device cuda:1", "built without CUDA"]);
+    let o = flint(&["generate", "--prompt", "x", "--device", "tpu"]);
+    assert_eq!(o.status.code(), Some(2), "clap rejects the value: {}", stderr(&o));
+    assert!(stderr(&o).contains("unknown device \"tpu\""), "{}", stderr(&o));
+}
+
 /// n-gram speculation in `flint generate`: the same greedy text, and its acceptance reported.
 #[test]
 fn generate_with_ngram_speculation_keeps_the_greedy_text() {

@@ -24,6 +24,7 @@ async fn endpoints_streaming_and_errors_on_the_demo_model() {
     let (st, v) = get(&s, "/version").await;
     assert_eq!(st, 200);
     assert!(v.contains("version"));
+    assert!(v.contains(r#""devices":["cpu"]"#), "{v}");
 
     // Chat, non-streaming, n = 2, seeded sampling, logprobs.
     let body = json!({"model": "demo", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],

@@ -119,8 +119,9 @@ async fn fault_worker(State(state): State<SharedState>, Path(i): Path<usize>) ->
     }
 }
 
-async fn version() -> Json<Version> {
-    Json(Version { version: env!("CARGO_PKG_VERSION") })
+async fn version(State(state): State<SharedState>) -> Json<Version> {
+    let devices = state.model().ok().map(|m| m.devices.clone());
+    Json(Version { version: env!("CARGO_PKG_VERSION"), devices })
 }
 
 async fn models(State(state): State<SharedState>) -> Response {

@@ -21,6 +21,8 @@ pub struct ServingModel {
     pub max_model_len: usize,
     /// The KV cache's type and geometry (for `/metrics`).
     pub cache: CacheInfo,
+    /// Where the model runs, one entry per worker (`cpu`, `cuda:0`), for `/version`.
+    pub devices: Vec<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -47,6 +47,9 @@ pub struct WorkerHealth {
 #[derive(Debug, Clone, Serialize)]
 pub struct Version {
     pub version: &'static str,
+    /// Where the model runs (`cpu`, `cuda:0`; one per worker), once it has loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<String>>,
 }
 
 /// The test hook's answer.
