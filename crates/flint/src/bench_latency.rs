@@ -133,7 +133,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     run_request(&mut warm, prompt(a.prompt_len.min(16)), 1)?;
     drop(warm);
     let kv = a.kv.get().map_or("auto".to_string(), |d| d.to_string());
-    let name = format!("{} ({:?}, KV {kv})", lm.source, lm.model.dtype());
+    let name = format!("{} ({:?} on {}, KV {kv})", lm.source, lm.model.dtype(), a.device.device);
     println!("| model | test | t/s |\n| --- | --- | ---: |");
     let mut results = Vec::new();
     for &depth in &a.depth {
@@ -191,6 +191,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         let first = results.first().cloned().unwrap_or_default();
         let v = serde_json::json!({
             "model": lm.source, "dtype": format!("{:?}", lm.model.dtype()),
+            "device": a.device.device.to_string(),
             "kv_cache_dtype": kv,
             // Depth 0 (or the first depth) at the top level, as earlier versions wrote it.
             "pp": first.get("pp"), "tg": first.get("tg"),

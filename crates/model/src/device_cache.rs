@@ -71,9 +71,9 @@ impl DeviceKvCache {
                 "head size {d} exceeds the device attention kernel's {MAX_HEAD_DIM}"
             )));
         }
-        if hkv == 0 || !cfg.num_attention_heads.is_multiple_of(hkv) {
+        if d == 0 || hkv == 0 || !cfg.num_attention_heads.is_multiple_of(hkv) {
             return Err(ModelError::Batch(format!(
-                "{} query heads cannot be grouped over {hkv} KV heads",
+                "{} query heads cannot be grouped over {hkv} KV heads of size {d}",
                 cfg.num_attention_heads
             )));
         }
@@ -172,10 +172,20 @@ impl KvCache for DeviceKvCache {
         window: Option<usize>,
     ) -> Result<Tensor> {
         let (n, hq, d) = q.dims3()?;
+        // The kernels read unchecked: everything they index is checked here, once per layer.
+        if self.kv_heads == 0 || hq < self.kv_heads || !hq.is_multiple_of(self.kv_heads) {
+            return Err(ModelError::Batch(format!(
+                "{hq} query heads cannot be grouped over {} KV heads",
+                self.kv_heads
+            )));
+        }
         if self.pass.as_ref().is_none_or(|p| layer == 0 || p.n_tokens != n) {
             self.pass = Some(self.pass_meta(batch)?);
         }
         let Some(pass) = self.pass.as_ref() else { return Err(ModelError::Batch("no pass metadata".into())) };
+        if pass.n_tokens != n {
+            return Err(ModelError::Batch(format!("{n} queries for a batch of {} tokens", pass.n_tokens)));
+        }
         let Some((kc, vc)) = self.layers.get(layer) else {
             return Err(ModelError::Batch(format!("layer {layer} out of range ({} layers)", self.layers.len())));
         };

@@ -16,6 +16,9 @@ use crate::error::{ModelError, Result};
 use crate::gguf::hf_to_gguf_name;
 
 /// A loaded weight: dense (in the compute dtype) or still in a GGUF block-quantized format.
+// With the cuda feature a QTensor carries its device handles (~230 bytes); a Weight only lives
+// between reading a tensor and building its Linear, so boxing would buy nothing.
+#[cfg_attr(feature = "cuda", allow(clippy::large_enum_variant))]
 pub enum Weight {
     Dense(Tensor),
     Quantized(QTensor),

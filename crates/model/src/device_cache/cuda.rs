@@ -69,6 +69,12 @@ pub(super) fn write_kv(
     if op.n_tokens == 0 {
         return Ok(());
     }
+    if src_l.shape().elem_count() < op.n_tokens * op.row
+        || meta_l.shape().elem_count() < 3 * op.n_tokens
+        || !cache_l.shape().elem_count().is_multiple_of(op.row.max(1))
+    {
+        bail!("flint write_kv: new rows or metadata are smaller than the call's shape");
+    }
     let name = format!("write_kv_{}", suffix(cache.dtype())?);
     let (so, mo) = (src_l.start_offset(), meta_l.start_offset());
     match cache.dtype() {
@@ -97,6 +103,18 @@ pub(super) fn paged_attention(op: &PagedAttention, q: &CudaStorage, q_l: &Layout
     if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
         bail!("flint paged attention: queries {:?}, pool {:?}", q.dtype(), k.dtype());
     }
+    if !k_l.is_contiguous() || !v_l.is_contiguous() || !meta_l.is_contiguous() {
+        bail!("flint paged attention: the pool and the metadata must be contiguous");
+    }
+    let row = s.num_kv_heads * s.head_dim;
+    let meta_len = 3 * s.n_tokens + s.max_blocks;
+    if q_l.shape().elem_count() < s.n_tokens * s.num_heads * s.head_dim
+        || k_l.shape().elem_count() != v_l.shape().elem_count()
+        || !k_l.shape().elem_count().is_multiple_of(row.max(1))
+        || meta_l.shape().elem_count() < meta_len
+    {
+        bail!("flint paged attention: queries, pool or metadata are smaller than the call's shape");
+    }
     let offs = [q_l.start_offset(), k_l.start_offset(), v_l.start_offset(), meta_l.start_offset()];
 
     fn go<T: CudaDType + DeviceRepr>(
@@ -110,7 +128,7 @@ pub(super) fn paged_attention(op: &PagedAttention, q: &CudaStorage, q_l: &Layout
         let n_out = s.n_tokens * s.num_heads * s.head_dim;
         // SAFETY: every element is written by the kernel (one block per token and head, each
         // thread its own dimensions) before anything reads it.
-        let out = unsafe { dev.alloc::<T>(n_out.max(1)) }?;
+        let mut out = unsafe { dev.alloc::<T>(n_out.max(1)) }?;
         if s.n_tokens > 0 {
             let q = q.as_cuda_slice::<T>()?.slice(qo..);
             let k = k.as_cuda_slice::<T>()?.slice(ko..);
@@ -127,7 +145,7 @@ pub(super) fn paged_attention(op: &PagedAttention, q: &CudaStorage, q_l: &Layout
             ];
             let cfg = LaunchConfig { grid_dim: (args[0], args[2], 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut b = func.builder();
-            b.arg(&out).arg(&q).arg(&k).arg(&v).arg(&meta);
+            b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&meta);
             for a in &args {
                 b.arg(a);
             }

@@ -11,8 +11,13 @@ use candle_core::Tensor;
 use flint_model::{ForwardBatch, KvCache, LogitsRows, Qwen2Model};
 use safetensors::SafeTensors;
 
+/// `fixtures/golden`; `FLINT_FIXTURES` overrides it for a test binary run away from its build tree
+/// (`scripts/device_check.sh` on a GPU machine).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden")
+    match std::env::var_os("FLINT_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden"),
+    }
 }
 
 /// The reference tensors, by name, as f32 or i64 vectors with their shapes.
