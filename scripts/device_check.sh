@@ -16,7 +16,9 @@
 # The run needs the NVIDIA driver (>= 580, CUDA 13.0) and the CUDA 13 libraries the binary links
 # (libcublas, libcublasLt, libcurand, libnvrtc, libcudart): found in a CUDA 13 toolkit, or in the
 # nvidia-* Python wheels (PyTorch cu130 installs them). Each stage has a time limit, the whole
-# run about 10 minutes on an H100/H200; a stage that fails is logged and the next one runs.
+# run about 10 minutes on an H100/H200 (estimated, not yet measured: synthesizing the 7B alone is
+# ~1-2 minutes); a stage that fails is logged and the next one runs. Where one command may run 10
+# minutes at most, run the shapes one per call (FLINT_CHECK_SHAPES=qwen2.5-1.5b, then qwen2.5-7b).
 # Environment knobs: FLINT_DEVICE (default cuda:0), FLINT_CHECK_SHAPES (default
 # "qwen2.5-1.5b qwen2.5-7b"), FLINT_CHECK_WORK (scratch for synthesized models, default
 # /tmp/flint-device-check: the 7B needs ~20 GB).
@@ -147,9 +149,10 @@ run() {
 
   # 2. Per shape: bf16 safetensors and Q4_K GGUF, synthesized here (no hub); latency, then a sweep.
   for shape in $SHAPES; do
-    local st="$WORK/$shape-bf16" gg="$WORK/$shape-q4_k.gguf"
+    # `synth --gguf q4_k --out DIR` writes DIR/model-q4_k.gguf.
+    local st="$WORK/$shape-bf16" gg="$WORK/$shape-q4_k/model-q4_k.gguf"
     [[ -e "$st/config.json" ]] || stage "synth-$shape-bf16" 300 "$BIN_DIR/flint" synth --shape "$shape" --out "$st" --dtype bf16
-    [[ -e "$gg" ]] || stage "synth-$shape-q4_k" 300 "$BIN_DIR/flint" synth --shape "$shape" --out "$gg" --gguf q4_k
+    [[ -e "$gg" ]] || stage "synth-$shape-q4_k" 300 "$BIN_DIR/flint" synth --shape "$shape" --out "${gg%/*}" --gguf q4_k
     for m in "$st:bf16" "$gg:q4_k"; do
       local path="${m%:*}" tag="$shape-${m##*:}"
       [[ -e "$path" ]] || continue
