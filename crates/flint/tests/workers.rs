@@ -158,7 +158,10 @@ async fn test_hooks_are_off_unless_asked_for() {
 #[test]
 fn unsupported_worker_devices_and_oversubscribed_cores_are_start_up_errors() {
     for (args, want) in [
-        (vec!["--worker", "device=cuda:0"], "device=cuda:0 is not supported"),
+        // CI builds without the cuda feature: the error says how to rebuild, before any load.
+        (vec!["--worker", "device=cuda:0"], "--worker 0: --device cuda:0: this flint was built without CUDA"),
+        (vec!["--worker", "device=cpu", "--worker", "device=metal"], "--worker 1: --device metal: flint has no Metal"),
+        (vec!["--device", "cuda:0", "--worker", "device=cpu"], "--device applies without --worker"),
         (vec!["--worker", "threads=64", "--worker", "threads=64"], "physical core(s)"),
         (vec!["--worker", "device=tpu"], "unknown device"),
         (vec!["--router", "fastest"], "unknown policy"),
