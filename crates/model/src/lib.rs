@@ -14,6 +14,8 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod kv_dtype;
 pub mod kv_pool;
+#[cfg(test)]
+mod kv_test_support;
 pub mod linear;
 pub mod paged_cache;
 pub mod progress;
