@@ -24,14 +24,6 @@ impl KvPool {
             c.release(blocks);
         }
     }
-
-    /// Where the pool lives and what it stores, for start-up lines: `host int8`, `cuda:0 BF16`.
-    pub fn describe(&self) -> String {
-        match self {
-            KvPool::Host(c) => format!("host {}", c.dtype()),
-            KvPool::Device(c) => format!("{} {:?}", crate::device::DeviceSpec::of(c.device()), c.dtype()),
-        }
-    }
 }
 
 impl KvCache for KvPool {

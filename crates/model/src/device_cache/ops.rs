@@ -177,28 +177,21 @@ impl candle_core::CustomOp1 for PagedAttention<'_> {
             bail!("flint paged attention: the pool and the queries are on different devices");
         };
         let meta = contiguous::<u32>(meta, meta_l, "the pass metadata")?;
+        // The reference for one storage type: every input read in place.
+        fn run<T: WithDType>(
+            [(q, q_l), (k, k_l), (v, v_l)]: [(&CpuStorage, &Layout); 3],
+            meta: &[u32],
+            s: &AttentionShape,
+        ) -> candle_core::Result<Vec<T>> {
+            let (q, k, v) =
+                (contiguous(q, q_l, "queries")?, contiguous(k, k_l, "keys")?, contiguous(v, v_l, "values")?);
+            attend::<T>(q, k, v, meta, s)
+        }
+        let inputs = [(q, q_l), (k, k_l), (v, v_l)];
         let out = match q {
-            CpuStorage::F32(_) => CpuStorage::F32(attend::<f32>(
-                contiguous(q, q_l, "queries")?,
-                contiguous(k, k_l, "keys")?,
-                contiguous(v, v_l, "values")?,
-                meta,
-                s,
-            )?),
-            CpuStorage::BF16(_) => CpuStorage::BF16(attend::<half::bf16>(
-                contiguous(q, q_l, "queries")?,
-                contiguous(k, k_l, "keys")?,
-                contiguous(v, v_l, "values")?,
-                meta,
-                s,
-            )?),
-            CpuStorage::F16(_) => CpuStorage::F16(attend::<half::f16>(
-                contiguous(q, q_l, "queries")?,
-                contiguous(k, k_l, "keys")?,
-                contiguous(v, v_l, "values")?,
-                meta,
-                s,
-            )?),
+            CpuStorage::F32(_) => CpuStorage::F32(run(inputs, meta, s)?),
+            CpuStorage::BF16(_) => CpuStorage::BF16(run(inputs, meta, s)?),
+            CpuStorage::F16(_) => CpuStorage::F16(run(inputs, meta, s)?),
             other => bail!("flint paged attention: queries in {:?} (f32, f16 or bf16)", other.dtype()),
         };
         Ok((out, Shape::from((s.n_tokens, s.num_heads, s.head_dim))))
