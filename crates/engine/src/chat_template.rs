@@ -134,6 +134,7 @@ pub struct ChatTemplate {
     has_tool_use: bool,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -165,7 +166,13 @@ impl ChatTemplate {
             env.add_template_owned(TOOL_USE_NAME, rewrite_generation_tags(tool_use))
                 .map_err(ChatTemplateError::Syntax)?;
         }
-        Ok(Self { env, has_tool_use: tool_use.is_some(), bos_token, eos_token })
+        Ok(Self { env, has_tool_use: tool_use.is_some(), bos_token, eos_token, source: default.to_string() })
+    }
+
+    /// The (default) template's source, as the checkpoint gives it (`/tokenizer_info` hands it
+    /// to clients that render prompts themselves).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Loads the template from a Hugging Face `tokenizer_config.json`: `chat_template` as

@@ -162,7 +162,7 @@ impl EventStream {
 
     fn track(&mut self, ev: Option<EngineEvent>) -> Option<EngineEvent> {
         match &ev {
-            None | Some(EngineEvent::Error(_)) | Some(EngineEvent::Stopped(_)) => self.done = true,
+            None | Some(EngineEvent::Error(_) | EngineEvent::Rejected(_) | EngineEvent::Stopped(_)) => self.done = true,
             Some(EngineEvent::Output(o)) => {
                 if let Some(p) = &self.progress {
                     p.output(o.token_ids.len());

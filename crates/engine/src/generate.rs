@@ -99,6 +99,7 @@ pub fn generate(
                     finished = o.finished.or(finished);
                 }
                 EngineEvent::Error(e) => return Err(EngineError::Internal(e)),
+                EngineEvent::Rejected(e) => return Err(EngineError::InvalidRequest(e)),
                 EngineEvent::Stopped(e) => return Err(EngineError::Unavailable(e)),
             }
         }

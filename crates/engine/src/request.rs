@@ -125,6 +125,9 @@ pub enum EngineEvent {
     Output(SampleOutput),
     /// The request failed; no further events follow.
     Error(String),
+    /// The request's own constraint failed while generating (the grammar engine refused to go
+    /// on): the client's error, not the server's. No further events follow.
+    Rejected(String),
     /// The engine (a worker) serving the request stopped: the request can be retried elsewhere.
     /// No further events follow.
     Stopped(String),

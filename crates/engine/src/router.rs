@@ -373,7 +373,7 @@ fn profile_worker(engine: &Engine, i: usize, vocab: usize, prompt: usize, output
             reqs.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
         for mut s in streams {
             while let Some(ev) = s.next_blocking() {
-                if let EngineEvent::Error(e) | EngineEvent::Stopped(e) = ev {
+                if let EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) = ev {
                     return Err(e);
                 }
             }

@@ -4,15 +4,20 @@
 //! sample then walks its own copy ([`GrammarState`]), which computes the allowed-token mask the
 //! sampler applies before anything else, and advances on every token drawn.
 
+mod bounds;
+mod compile_queue;
 mod compiler;
 mod histogram;
 mod marker;
+mod schema;
 mod state;
 mod tok_env;
 
 use llguidance::api::TopLevelGrammar;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+pub use bounds::MAX_LEVELS;
+pub use compile_queue::{CompileStats, CompileTicket};
 pub use compiler::{CompiledGrammar, GrammarCompiler, GrammarError};
 pub use histogram::{MaskHistogram, MASK_BUCKETS};
 pub use marker::MarkerWatch;
@@ -61,8 +66,11 @@ fn layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// A client's schema as it is compiled: closed objects (see [`schema::close_objects`]) and
+/// flint's layout unless it sets its own.
 fn with_layout(schema: &Value) -> Value {
     let mut s = schema.clone();
+    schema::close_objects(&mut s);
     if let Value::Object(m) = &mut s {
         m.entry("x-guidance").or_insert_with(layout);
     }
@@ -81,14 +89,53 @@ impl Constraint {
             Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_layout(schema)),
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(with_layout(&json!({"type": "object"}))),
             Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
+            // One terminal, so the alternatives are the lexer's (a DFA over the choices), not
+            // Earley items: a rule of 3,000 alternatives passed the compile and then failed at
+            // the first token, past llguidance's 2,000 items per row.
             Constraint::Choice(choices) => {
                 let alts: Vec<String> = choices.iter().map(|c| lark_string(c)).collect();
-                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+                TopLevelGrammar::from_lark(format!("start: CHOICE\nCHOICE: {}", alts.join(" | ")))
             }
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Constraint::ToolCalls { tools, parallel, optional } => {
                 TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel, *optional))
             }
+        }
+    }
+
+    /// An upper bound on how deep compiling this constraint recurses (see [`bounds`]).
+    pub(crate) fn levels(&self) -> usize {
+        match self {
+            Constraint::JsonSchema(v) => bounds::schema_levels(v),
+            Constraint::Lark(g) => bounds::lark_levels(g),
+            // The wrapper around the tools' schemas adds a handful of levels.
+            Constraint::ToolCalls { tools, .. } => {
+                tools.iter().fold(8usize, |n, t| n.saturating_add(bounds::schema_levels(&t.parameters)))
+            }
+            // Regexes are parsed with a nesting limit of their own; the rest are flat.
+            Constraint::JsonObject | Constraint::Regex(_) | Constraint::Choice(_) => 0,
+        }
+    }
+
+    /// The longest run of optional properties in any object of the constraint's schemas.
+    pub(crate) fn optional_run(&self) -> usize {
+        match self {
+            Constraint::JsonSchema(v) => schema::longest_optional_run(v),
+            Constraint::ToolCalls { tools, .. } => {
+                tools.iter().map(|t| schema::longest_optional_run(&t.parameters)).max().unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    /// What the client sent, for messages.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Constraint::JsonSchema(_) | Constraint::JsonObject => "JSON schema",
+            Constraint::Regex(_) => "regex",
+            Constraint::Choice(_) => "choice list",
+            Constraint::Lark(_) => "grammar",
+            Constraint::ToolCalls { .. } => "tools' parameter schemas",
         }
     }
 
@@ -108,23 +155,37 @@ impl Constraint {
     }
 }
 
-/// Tool calls as the Qwen2.5 template writes them: `<tool_call>` and `</tool_call>` are single
-/// tokens, the call's JSON has `name` first and `arguments` second, calls are one per line.
-/// Optional calls may follow free text, which cannot contain `<tool_call>` (a special token is
-/// never text), so the grammar knows a call has started the moment that token is drawn.
-fn tool_calls_lark(tools: &[ToolSchema], parallel: bool, optional: bool) -> String {
+/// The schema of one call to any of `tools`. Each tool's parameter schema goes under
+/// `$defs/tool_<i>` with its local `$ref`s rebased there (Pydantic's nested models are
+/// `#/$defs/Inner` references, which would otherwise point into the wrapper, where nothing is),
+/// and the call's `arguments` refer to it.
+fn tool_call_schema(tools: &[ToolSchema]) -> Value {
+    let mut defs = Map::new();
     let variants: Vec<Value> = tools
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
+            let mut parameters = t.parameters.clone();
+            schema::close_objects(&mut parameters);
+            schema::rebase_refs(&mut parameters, &format!("/$defs/tool_{i}"));
+            defs.insert(format!("tool_{i}"), parameters);
             json!({
                 "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "properties": {"name": {"const": t.name}, "arguments": {"$ref": format!("#/$defs/tool_{i}")}},
                 "required": ["name", "arguments"],
                 "additionalProperties": false,
             })
         })
         .collect();
-    let schema = json!({"x-guidance": layout(), "anyOf": variants});
+    json!({"x-guidance": layout(), "$defs": defs, "anyOf": variants})
+}
+
+/// Tool calls as the Qwen2.5 template writes them: `<tool_call>` and `</tool_call>` are single
+/// tokens, the call's JSON has `name` first and `arguments` second, calls are one per line.
+/// Optional calls may follow free text, which cannot contain `<tool_call>` (a special token is
+/// never text), so the grammar knows a call has started the moment that token is drawn.
+fn tool_calls_lark(tools: &[ToolSchema], parallel: bool, optional: bool) -> String {
+    let schema = tool_call_schema(tools);
     let calls = if parallel { "call (\"\\n\" call)*" } else { "call" };
     let start =
         if optional { format!("start: TEXT | TEXT? {calls}\nTEXT: /(?s:.+)/") } else { format!("start: {calls}") };

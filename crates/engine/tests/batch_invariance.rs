@@ -92,7 +92,7 @@ fn sink() -> (Log, EventSink) {
                     v.push((*t, lp.logprob.to_bits(), lp.top.iter().map(|(i, p)| (*i, p.to_bits())).collect()));
                 }
             }
-            EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
+            EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
         }
         true
     });

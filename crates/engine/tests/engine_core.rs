@@ -44,7 +44,9 @@ fn collect(log: &Log) -> Vec<(Vec<u32>, String, Option<flint_engine::Finished>)>
                     out[*index].2 = finished.clone();
                 }
             }
-            EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("unexpected error event: {e}"),
+            EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => {
+                panic!("unexpected error event: {e}")
+            }
         }
     }
     out

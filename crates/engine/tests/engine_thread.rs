@@ -40,7 +40,7 @@ fn async_streams_deliver_every_token_concurrently() {
                         n += o.token_ids.len();
                         finish = o.finished.map(|f| f.reason).or(finish);
                     }
-                    EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("{e}"),
+                    EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("{e}"),
                 }
             }
             counts.push((n, finish));

@@ -24,7 +24,7 @@ fn drain(mut s: flint_engine::EventStream) -> usize {
     while let Some(ev) = s.next_blocking() {
         match ev {
             EngineEvent::Output(o) => n += o.token_ids.len(),
-            EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("{e}"),
+            EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("{e}"),
         }
     }
     n

@@ -32,7 +32,7 @@ fn sink() -> (Log, EventSink) {
                     v.push((*t, o.logprobs.get(i).map(|lp| lp.logprob.to_bits())));
                 }
             }
-            EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
+            EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
         }
         true
     });
@@ -295,7 +295,7 @@ fn stops_end_speculation_where_they_end_plain_decoding() {
                     out.1.push_str(&o.text);
                     out.2 = o.finished.clone().or(out.2.take());
                 }
-                EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("{e}"),
+                EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("{e}"),
             }
         }
         out

@@ -102,7 +102,7 @@ fn sink(n: usize) -> (Outs, EventSink) {
                     out.finish = Some(f.reason);
                 }
             }
-            EngineEvent::Error(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
+            EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e) => panic!("request failed: {e}"),
         }
         true
     });

@@ -167,7 +167,9 @@ fn run_level(
         let c = flint_server::structured::structured_outputs(&v)
             .map_err(|e| anyhow::anyhow!("--structured-output: {}", e.message))?
             .context("--structured-output sets no constraint")?;
-        let grammar = engine.grammars().compile(&c).map_err(|e| anyhow::anyhow!("--structured-output: {e}"))?;
+        // On the compile queue's threads, whose stacks the constraint bounds are sized for.
+        let grammar =
+            engine.grammars().submit(c).wait_blocking().map_err(|e| anyhow::anyhow!("--structured-output: {e}"))?;
         params.structured = Some(flint_engine::structured::StructuredOutput { grammar, after: None });
     }
     let t0 = Instant::now();
@@ -195,7 +197,9 @@ fn run_level(
                     out_tokens += o.token_ids.len();
                     arrivals.push((now, o.token_ids.len()));
                 }
-                Ok(Some(EngineEvent::Error(e) | EngineEvent::Stopped(e))) => bail!("request {} failed: {e}", s.id()),
+                Ok(Some(EngineEvent::Error(e) | EngineEvent::Rejected(e) | EngineEvent::Stopped(e))) => {
+                    bail!("request {} failed: {e}", s.id())
+                }
                 Ok(None) => {}
                 Err(()) => {
                     open[i] = false;

@@ -331,6 +331,26 @@ fn run_scripted(a: SynthArgs) -> Result<()> {
         other => bail!("--trigger {:?} must be exactly one token, it is {}", a.trigger, other.len()),
     };
     let end = tok.token_to_id("<|im_end|>").context("the tokenizer has no <|im_end|>")?;
+    // A scripted model is a bigram table: say which token of the script needs two successors, in
+    // text, so the script can be rephrased.
+    let mut chain = vec![trigger];
+    chain.extend(&ids);
+    chain.push(end);
+    let mut successor = std::collections::HashMap::new();
+    for w in chain.windows(2) {
+        if let Some(&first) = successor.get(&w[0]).filter(|&&s| s != w[1]) {
+            let text = |t: u32| format!("{:?}", tok.decode(&[t], false).unwrap_or_default());
+            bail!(
+                "--script repeats the token {} followed first by {} and later by {}: a scripted model follows each \
+                 token with one token only (it is a bigram table), so scripts that need context, such as a tool call \
+                 with two arguments, cannot be written; rephrase (spacing changes the tokens) or script one argument",
+                text(w[0]),
+                text(first),
+                text(w[1])
+            );
+        }
+        successor.insert(w[0], w[1]);
+    }
     if a.out.exists() && std::fs::read_dir(&a.out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("{}: output directory is not empty", a.out.display());
     }

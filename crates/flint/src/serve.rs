@@ -53,6 +53,18 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = flint_engine::request::DEFAULT_MAX_LOGPROBS as u32,
           value_parser = clap::value_parser!(u32).range(0..=flint_engine::request::MAX_LOGPROBS as i64))]
     max_logprobs: u32,
+    /// Most sequences (prompts × n) one request may hold; default: half of what the server holds
+    /// (--max-num-seqs over the live workers + --max-queued-requests), so others still get in.
+    #[arg(long)]
+    max_seqs_per_request: Option<usize>,
+    /// Constraints (JSON schemas, grammars, tool schemas) compiled at once, on threads that run
+    /// below the step loop's priority; default one per four cores, at least one.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    grammar_compile_threads: Option<u16>,
+    /// Seconds a constraint may take to compile, waiting for a compile thread included, before
+    /// its request gets a 400.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_secs)]
+    grammar_compile_timeout: f64,
     /// Return a reasoning model's chain of thought (up to `</think>`) as `message.reasoning`,
     /// apart from its answer: deepseek_r1 (R1-Distill-Qwen) or qwen3.
     #[arg(long, value_parser = ["deepseek_r1", "qwen3"])]
@@ -118,12 +130,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         body_timeout: Duration::from_secs_f64(a.body_timeout),
         max_connections: a.max_connections,
         max_logprobs: a.max_logprobs as usize,
+        max_seqs_per_request: a.max_seqs_per_request,
+        grammar_compile_threads: a.grammar_compile_threads.map(usize::from),
+        grammar_compile_timeout: Duration::from_secs_f64(a.grammar_compile_timeout),
         reasoning_parser: a.reasoning_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!(e))?,
         test_hooks: a.enable_test_hooks,
         otlp_traces: a.otlp_traces_endpoint.is_some(),
     };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
+    }
+    if a.max_seqs_per_request == Some(0) {
+        bail!("--max-seqs-per-request must be at least 1");
     }
     // Built before the runtime: the exporter's blocking HTTP client must not live inside it.
     let otlp = a.otlp_traces_endpoint.as_deref().map(|e| crate::telemetry::otlp_provider(e, "flint")).transpose()?;

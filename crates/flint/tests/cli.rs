@@ -214,6 +214,14 @@ fn bad_cli_values_are_one_line() {
         r#"{"method": "eagle", "num_speculative_tokens": 2}"#,
     ]);
     assert_one_line_error(&o, &["unknown method \"eagle\"", "ngram"]);
+    // A scripted model is a bigram table: a script that needs context is refused naming the
+    // token (in text) and what to do, before anything is written.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s");
+    let two = r#"<tool_call>{"name":"f","arguments":{"city":"Paris","days":3}}</tool_call>"#;
+    let o = flint(&["synth", "--shape", "scripted", "--script", two, "--out", out.to_str().unwrap()]);
+    assert_one_line_error(&o, &["repeats the token \"\\\":\\\"\"", "two arguments", "rephrase"]);
+    assert!(!out.exists());
 }
 
 /// `--device` names a device this build cannot use: one line saying what to do, before any model

@@ -206,20 +206,21 @@ async fn oversized_requests_are_refused_up_front() {
     }
     assert!(health < Duration::from_secs(3), "/health took {health:?} behind two big /tokenize requests");
 
-    // Finding 3: one request larger than the server holds (prompts × n) is refused, whatever the
-    // load; before, it was admitted into an idle server and locked everyone else out.
+    // Finding 3: one request larger than its share of what the server holds (prompts × n; half
+    // of running + queued, here 2 of 4) is refused, whatever the load; before, it was admitted
+    // into an idle server and locked everyone else out.
     let many = json!({"prompt": vec![vec![5, 6, 7]; 50_000], "max_tokens": 1});
     let (st, b) = json_post(&s, "/v1/completions", &many.to_string()).await;
     assert_envelope("50,000 prompts", st, &b, 400, Some("prompt"));
-    let five = json!({"prompt": vec![vec![5, 6, 7]; 5], "max_tokens": 1});
-    let (st, b) = json_post(&s, "/v1/completions", &five.to_string()).await;
-    assert_envelope("5 prompts over a limit of 4", st, &b, 400, Some("prompt"));
+    let three = json!({"prompt": vec![vec![5, 6, 7]; 3], "max_tokens": 1});
+    let (st, b) = json_post(&s, "/v1/completions", &three.to_string()).await;
+    assert_envelope("3 prompts over a share of 2", st, &b, 400, Some("prompt"));
     let (st, b) =
-        json_post(&s, "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "x"}], "n": 5}"#).await;
-    assert_envelope("n = 5 over a limit of 4", st, &b, 400, Some("n"));
-    let four = json!({"prompt": vec![vec![5, 6, 7]; 4], "max_tokens": 1});
-    let (st, b) = json_post(&s, "/v1/completions", &four.to_string()).await;
-    assert_eq!(st, 200, "a request of exactly the limit runs: {b}");
+        json_post(&s, "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#).await;
+    assert_envelope("n = 3 over a share of 2", st, &b, 400, Some("n"));
+    let two = json!({"prompt": vec![vec![5, 6, 7]; 2], "max_tokens": 1});
+    let (st, b) = json_post(&s, "/v1/completions", &two.to_string()).await;
+    assert_eq!(st, 200, "a request of exactly its share runs: {b}");
 
     // Finding 4: stop lists and the rest of the per-request costs are bounded.
     let stops = json!({"prompt": "hi", "max_tokens": 2, "stop": vec!["x".repeat(1024); 15_000]});

@@ -189,7 +189,18 @@ async fn endpoints_streaming_and_errors_on_the_demo_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_body_limit_queue_and_disconnects() {
     let s = start(
-        &["--api-key", "sekret", "--max-num-seqs", "1", "--max-queued-requests", "1", "--max-request-body", "2K"],
+        &[
+            "--api-key",
+            "sekret",
+            "--max-num-seqs",
+            "1",
+            "--max-queued-requests",
+            "1",
+            "--max-seqs-per-request",
+            "2",
+            "--max-request-body",
+            "2K",
+        ],
         None,
     )
     .await;

@@ -144,7 +144,7 @@ async fn constrained_output_on_the_demo_model() {
         (json!({"guided_json": person(), "guided_choice": ["a"]}), "guided_choice"),
         (json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
         (json!({"tool_choice": "required"}), "tool_choice"),
-        (json!({"tools": tools, "tool_choice": "required", "guided_choice": ["a"]}), "tool_choice"),
+        (json!({"tools": tools, "tool_choice": "required", "guided_choice": ["a", 1]}), "guided_choice"),
     ];
     for (extra, param) in bad {
         let mut body = json!({"messages": msgs, "max_tokens": 5});

@@ -75,8 +75,8 @@ async fn two_workers_answer_like_one_and_both_serve() {
     assert!(d0 >= 4.0 && d1 >= 4.0, "round-robin uses both workers: {d0} / {d1}");
     // The unlabeled totals are the sum of the workers'.
     let total = metric(&m, "vllm:generation_tokens_total{model_name=\"flint-demo\"}");
-    let parts = worker_metric(&m, "vllm:generation_tokens_total", "cpu0")
-        + worker_metric(&m, "vllm:generation_tokens_total", "cpu1");
+    let parts = worker_metric(&m, "flint:worker_generation_tokens_total", "cpu0")
+        + worker_metric(&m, "flint:worker_generation_tokens_total", "cpu1");
     assert_eq!(total, parts, "{m}");
     assert!(total >= 120.0, "{m}");
     let (status, health) = get(&two, "/health").await;
@@ -97,18 +97,18 @@ async fn disconnects_free_blocks_on_their_worker_and_a_dead_worker_leaves_the_ot
     let b = long_stream(&s).await;
     until_metrics(&s, "both workers running", |m| {
         ["cpu0", "cpu1"].iter().all(|w| {
-            worker_metric(m, "vllm:num_requests_running", w) == 1.0
-                && worker_metric(m, "vllm:kv_cache_usage_perc", w) > 0.0
+            worker_metric(m, "flint:worker_num_requests_running", w) == 1.0
+                && worker_metric(m, "flint:worker_kv_cache_usage_perc", w) > 0.0
         })
     })
     .await;
     // The client of worker cpu0's stream goes away: cpu0's blocks come back, cpu1's stay.
     drop(a);
     until_metrics(&s, "cpu0 freed, cpu1 still running", |m| {
-        worker_metric(m, "vllm:kv_cache_usage_perc", "cpu0") == 0.0
-            && worker_metric(m, "vllm:num_requests_running", "cpu0") == 0.0
-            && worker_metric(m, "vllm:num_requests_running", "cpu1") == 1.0
-            && worker_metric(m, "vllm:kv_cache_usage_perc", "cpu1") > 0.0
+        worker_metric(m, "flint:worker_kv_cache_usage_perc", "cpu0") == 0.0
+            && worker_metric(m, "flint:worker_num_requests_running", "cpu0") == 0.0
+            && worker_metric(m, "flint:worker_num_requests_running", "cpu1") == 1.0
+            && worker_metric(m, "flint:worker_kv_cache_usage_perc", "cpu1") > 0.0
     })
     .await;
 

@@ -19,7 +19,7 @@ use crate::output::{
     chat_token_logprobs, finish_reason, new_id, now_unix, stop_reason, vllm_prompt_logprobs, Outcome, Timer,
 };
 use crate::prompt_tokens::encode_bounded;
-use crate::protocol::{chat_logprobs, parse_request, prompt_logprobs, ChatRequest};
+use crate::protocol::{chat_logprobs, parse_off_async, parse_request, prompt_logprobs, ChatRequest};
 use crate::reasoning::{ReasoningSplit, Split};
 use crate::request_span::Arrival;
 use crate::state::{InFlight, ServingModel, SharedState};
@@ -30,7 +30,7 @@ use flint_engine::RequestParams;
 
 pub async fn chat_completions(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
     let arrival = Arrival::new(&state, &headers);
-    respond(&state, run(&state, arrival, &body).await)
+    respond(&state, run(&state, arrival, body).await)
 }
 
 /// Check a request's `model` against the served name.
@@ -196,6 +196,16 @@ fn render_prompt(model: &ServingModel, req: &ChatRequest) -> ApiResult<Vec<u32>>
             "`continue_final_message` and `add_generation_prompt` cannot both be true",
         ));
     }
+    let last_role = messages.last().and_then(|m| m.get("role")).and_then(Value::as_str);
+    if continue_final && last_role != Some("assistant") {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            format!(
+                "`continue_final_message` continues the last message, which must be the assistant's; it is the {}'s",
+                last_role.unwrap_or("?")
+            ),
+        ));
+    }
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
     let mut text = template
         .render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)
@@ -229,12 +239,10 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
     let constraint = match (tools.forced, crate::structured::requested(&req.common)?) {
         // Strict tools under "auto" yield to an explicit output format.
         (Some(t), Some(r)) if matches!(t.constraint, Constraint::ToolCalls { optional: true, .. }) => Some(r),
-        (Some(_), Some(r)) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!("a forced `tool_choice` cannot be combined with `{}`", r.param),
-            ))
-        }
+        // A forced call wins over an output format, as OpenAI has it (the format, still checked
+        // above, would describe a final answer that this turn does not give): instructor's
+        // RESPONSES_TOOLS mode sends both.
+        (Some(t), Some(_)) => Some(t),
         (a, b) => a.or(b),
     };
     let reasoning = state.cfg.reasoning_parser;
@@ -249,7 +257,8 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
         // Qwen3 templates close an empty reasoning in the prompt when thinking is off.
         let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.get("enable_thinking")) != Some(&json!(false));
         let after = reasoning.and_then(|p| p.constraint_after(thinking));
-        params.structured = Some(crate::structured::compile(&model, c, after).await?);
+        params.structured =
+            Some(crate::structured::compile(&model, c, after, state.cfg.grammar_compile_timeout).await?);
     }
     let guard = state.admit(&model, params.n, "n")?;
     // Template rendering and tokenizing can take a while on big inputs: off the async workers.
@@ -265,9 +274,9 @@ pub async fn prepare(state: &SharedState, model: &Arc<ServingModel>, req: ChatRe
     Ok(PreparedChat { req, prompt, params, parse_tools, guard })
 }
 
-async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
+async fn run(state: &SharedState, arrival: Arrival, body: Bytes) -> ApiResult<Response> {
     let model = state.model()?;
-    let req: ChatRequest = parse_request(body)?;
+    let req: ChatRequest = parse_off_async(body, parse_request).await?;
     let PreparedChat { req, prompt, params, parse_tools, mut guard } = prepare(state, &model, req).await?;
     let reasoning = state.cfg.reasoning_parser;
     let id = new_id("chatcmpl");

@@ -17,13 +17,13 @@ use crate::error::{ApiError, ApiResult};
 use crate::generation::{collect, respond, sse, submit, Chunk, Formatter, StreamCtx};
 use crate::output::{finish_reason, new_id, now_unix, stop_reason, vllm_prompt_logprobs, Outcome, Timer};
 use crate::prompt_tokens::encode_bounded;
-use crate::protocol::{completion_logprobs, parse_request, prompt_logprobs, CompletionRequest};
+use crate::protocol::{completion_logprobs, parse_off_async, parse_request, prompt_logprobs, CompletionRequest};
 use crate::request_span::Arrival;
 use crate::state::{ServingModel, SharedState};
 
 pub async fn completions(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
     let arrival = Arrival::new(&state, &headers);
-    respond(&state, run(&state, arrival, &body).await)
+    respond(&state, run(&state, arrival, body).await)
 }
 
 /// `prompt` as given: texts still to tokenize, or token ids (already checked).
@@ -124,9 +124,9 @@ fn echo_logprobs(
     offset
 }
 
-async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
+async fn run(state: &SharedState, arrival: Arrival, body: Bytes) -> ApiResult<Response> {
     let model = state.model()?;
-    let req: CompletionRequest = parse_request(body)?;
+    let req: CompletionRequest = parse_off_async(body, parse_request).await?;
     check_model(state, req.common.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
@@ -144,7 +144,7 @@ async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Re
     params.prompt_logprobs = params.prompt_logprobs.max(prompt_lps);
     req.common.max_tokens(0, model.max_model_len, echo)?;
     if let Some(r) = crate::structured::requested(&req.common)? {
-        params.structured = Some(crate::structured::compile(&model, r, None).await?);
+        params.structured = Some(crate::structured::compile(&model, r, None, state.cfg.grammar_compile_timeout).await?);
     }
     let prompts = parse_prompts(req.prompt)?;
     // Admitted by its sequence count before any prompt is tokenized.

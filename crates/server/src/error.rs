@@ -35,6 +35,12 @@ impl ApiError {
         }
     }
 
+    /// 400 for an output constraint that the grammar engine refused while generating: the
+    /// constraint is the client's (flint checks what it can when it compiles one).
+    pub fn constraint_failed(message: impl Into<String>) -> Self {
+        Self { code: Some("invalid_value"), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+    }
+
     /// 400 for a body that is not the JSON the endpoint expects.
     pub fn bad_body(message: impl Into<String>) -> Self {
         Self {

@@ -107,6 +107,7 @@ async fn collect_inner(state: &SharedState, jobs: &mut [Job], n: usize, timer: &
                     }
                 }
                 EngineEvent::Error(e) => return Err(ApiError::internal(e)),
+                EngineEvent::Rejected(e) => return Err(ApiError::constraint_failed(e)),
                 EngineEvent::Stopped(e) => return Err(ApiError::unavailable(e)),
             }
         }
@@ -339,6 +340,7 @@ pub fn sse(ctx: StreamCtx, jobs: Vec<Job>, guard: InFlight, timer: Timer, mut fm
                     }
                 }
                 Some((_, EngineEvent::Error(e))) => d.fail(ApiError::internal(e)),
+                Some((_, EngineEvent::Rejected(e))) => d.fail(ApiError::constraint_failed(e)),
                 Some((_, EngineEvent::Stopped(e))) => d.fail(ApiError::unavailable(e)),
                 None => d.fail(ApiError::internal("the engine stopped before the request finished")),
             }

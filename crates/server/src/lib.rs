@@ -4,6 +4,7 @@
 
 pub mod api_types;
 pub mod body;
+pub mod body_counts;
 pub mod chat;
 pub mod completions;
 pub mod error;

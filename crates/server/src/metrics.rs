@@ -13,6 +13,7 @@
 //! (`tests/fixtures/metrics_before.txt`); `model_name` is a constant label on every series.
 
 mod engine;
+mod grammar;
 mod masks;
 
 #[cfg(test)]
@@ -30,9 +31,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use flint_engine::structured::CompileStats;
 use flint_engine::{CacheInfo, EngineStats, WorkerStatus};
 
 use engine::EngineSnapshot;
+use grammar::CompileSnapshot;
 use masks::MaskSnapshot;
 
 /// What `/metrics` answers with: the classic Prometheus text format, as vLLM's server does.
@@ -132,8 +135,15 @@ impl Metrics {
     }
 
     /// The exposition text: `st` the whole server's totals (unlabeled series), `workers` each
-    /// worker's own (the same names with a `worker` label); `cache` is `None` while the model loads.
-    pub fn render(&self, st: EngineStats, workers: Vec<WorkerStatus>, cache: Option<CacheInfo>) -> String {
+    /// worker's own (`flint:worker_…` with a `worker` label); `cache` and `compiles` are `None`
+    /// while the model loads.
+    pub fn render(
+        &self,
+        st: EngineStats,
+        workers: Vec<WorkerStatus>,
+        cache: Option<CacheInfo>,
+        compiles: Option<CompileStats>,
+    ) -> String {
         let model = (Cow::Borrowed("model_name"), Cow::Owned(self.model_name.clone()));
         // A registry per scrape: it only holds handles (the histograms and counters are shared
         // behind `Arc`s) and this scrape's snapshot, in the order the families have always had.
@@ -149,6 +159,9 @@ impl Metrics {
         server.register("vllm:e2e_request_latency_seconds", "End-to-end request latency", self.e2e.clone());
         server.register("vllm:request_queue_time_seconds", "Time from arrival to first scheduling", self.queue.clone());
         server.register_collector(Box::new(masks));
+        if let Some(c) = compiles {
+            server.register_collector(Box::new(CompileSnapshot(c)));
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_text::encode(&mut out, &registry) {
             // Writing to a String cannot fail; should an encoder refuse, say so and serve the rest.

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api_types::misc::{
-    DetokenizeResponse, FaultInjected, Health, ModelCard, ModelList, TokenizeResponse, Version, WorkerHealth,
+    DetokenizeResponse, FaultInjected, Health, ModelCard, ModelList, TokenizeResponse, TokenizerInfo, Version,
+    WorkerHealth,
 };
 use crate::chat::{chat_completions, check_model, normalize_messages};
 use crate::completions::completions;
@@ -38,6 +39,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/tokenizer_info", get(tokenizer_info))
         .route("/version", get(version))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -143,7 +145,8 @@ async fn metrics(State(state): State<SharedState>) -> Response {
     let model = state.model_for_shutdown().ok();
     let stats = model.as_ref().map(|m| m.router.stats()).unwrap_or_default();
     let workers = model.as_ref().map(|m| m.router.workers()).unwrap_or_default();
-    let text = state.metrics.render(stats, workers, model.as_ref().map(|m| m.cache.clone()));
+    let compiles = model.as_ref().map(|m| m.router.grammars().compile_stats());
+    let text = state.metrics.render(stats, workers, model.as_ref().map(|m| m.cache.clone()), compiles);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
@@ -217,11 +220,34 @@ async fn tokenize(State(state): State<SharedState>, body: Bytes) -> Response {
     .await
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Deserialize)]
 struct DetokenizeRequest {
+    #[serde(default)]
     model: Option<String>,
+    /// Required: a body without ids is a mistake, not an empty text.
     tokens: Vec<i64>,
+}
+
+async fn tokenizer_info(State(state): State<SharedState>) -> Response {
+    let info = state.model().map(|m| {
+        let template = m.chat_template.as_ref();
+        let eos_ids = m.router.model_info().eos_token_ids.clone();
+        // The template's own EOS (Qwen's `<|im_end|>`) is the one a chat turn ends with.
+        let eos = template
+            .and_then(|t| t.eos_token().map(str::to_string))
+            .or_else(|| eos_ids.first().and_then(|&id| m.tokenizer.id_to_token(id)));
+        TokenizerInfo {
+            tokenizer_class: "PreTrainedTokenizerFast",
+            eos_token: eos,
+            bos_token: template.and_then(|t| t.bos_token().map(str::to_string)),
+            pad_token: None,
+            chat_template: template.map(|t| t.source().to_string()),
+            model_max_length: m.max_model_len,
+            vocab_size: m.tokenizer.len(),
+            eos_token_ids: eos_ids,
+        }
+    });
+    respond(&state, info.map(|i| Json(i).into_response()))
 }
 
 async fn detokenize(State(state): State<SharedState>, body: Bytes) -> Response {

@@ -45,6 +45,14 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Most top logprobs a request may ask for per token (`--max-logprobs`, vLLM's default 20).
     pub max_logprobs: usize,
+    /// Most sequences (prompts × n) one request may hold (`--max-seqs-per-request`; `None`: half
+    /// of what the server holds, running and queued), so one request cannot fill the queue that
+    /// everyone shares.
+    pub max_seqs_per_request: Option<usize>,
+    /// Constraints compiled at once (`--grammar-compile-threads`; `None`: one per four cores).
+    pub grammar_compile_threads: Option<usize>,
+    /// How long a constraint may take to compile, queue included, before the request gets a 400.
+    pub grammar_compile_timeout: Duration,
     /// Split a reasoning model's chain of thought from its answer (`--reasoning-parser`).
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
     /// Test-only routes (`POST /debug/workers/{i}/fault`): never on in production.
@@ -100,6 +108,9 @@ impl AppState {
     }
 
     pub fn set_model(&self, m: ServingModel) {
+        if let Some(n) = self.cfg.grammar_compile_threads {
+            m.router.grammars().set_compile_threads(n);
+        }
         let _ = self.model.set(Arc::new(m));
         self.status.store(READY, Ordering::SeqCst);
     }
@@ -158,14 +169,17 @@ impl AppState {
     pub fn admit(self: &Arc<Self>, m: &ServingModel, seqs: usize, param: &str) -> Result<InFlight, ApiError> {
         let running = m.router.max_num_seqs();
         let limit = running + self.cfg.max_queued_requests;
-        if seqs > limit {
+        let (share, flag) = match self.cfg.max_seqs_per_request {
+            Some(n) => (n, "--max-seqs-per-request"),
+            None => (limit.div_ceil(2), "half of --max-num-seqs over the live workers + --max-queued-requests"),
+        };
+        let share = share.min(limit);
+        if seqs > share {
             return Err(ApiError::invalid(
                 param,
                 format!(
-                    "This request asks for {seqs} sequences (prompts × n); the server holds at most {limit} \
-                     (--max-num-seqs {running} over its live workers + --max-queued-requests {}). Split it \
-                     into smaller requests.",
-                    self.cfg.max_queued_requests
+                    "This request asks for {seqs} sequences (prompts × n); one request may hold at most {share} \
+                     ({flag}), so that others still get in. Split it into smaller requests."
                 ),
             ));
         }

@@ -13,7 +13,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::protocol::Common;
 use crate::state::ServingModel;
 
-/// Longest a constraint may take to compile before the request gets a 400.
+/// Longest a constraint may take to compile, by default, before the request gets a 400.
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest schema, regex or grammar, as JSON text.
 pub const MAX_CONSTRAINT_BYTES: usize = 256 << 10;
@@ -192,23 +192,32 @@ fn check_size(r: &Requested) -> ApiResult<()> {
     Ok(())
 }
 
-/// Compile `r` for `model` on a blocking thread, within [`COMPILE_TIMEOUT`]; `after` is where
-/// the constraint starts (the reasoning's end marker, with a reasoning parser).
-pub async fn compile(model: &ServingModel, r: Requested, after: Option<String>) -> ApiResult<StructuredOutput> {
-    let grammars = model.router.grammars().clone();
+/// Compile `r` for `model` on the compile threads, within `timeout` (waiting in their queue
+/// included); `after` is where the constraint starts (the reasoning's end marker, with a
+/// reasoning parser). If the request times out or its client leaves, this future is dropped and
+/// a compile not yet started is withdrawn.
+pub async fn compile(
+    model: &ServingModel,
+    r: Requested,
+    after: Option<String>,
+    timeout: Duration,
+) -> ApiResult<StructuredOutput> {
     let param = r.param;
-    let job = tokio::task::spawn_blocking(move || grammars.compile(&r.constraint));
-    let grammar = match tokio::time::timeout(COMPILE_TIMEOUT, job).await {
+    let ticket = model.router.grammars().submit(r.constraint);
+    let grammar = match tokio::time::timeout(timeout, ticket.wait()).await {
         Err(_) => {
             return Err(bad(
                 param,
-                format!("`{param}` took longer than {} s to compile; simplify it", COMPILE_TIMEOUT.as_secs()),
+                format!(
+                    "`{param}` did not compile within {} s (the server compiles a few constraints at a time); \
+                     simplify it or retry",
+                    timeout.as_secs_f64()
+                ),
             ))
         }
-        Ok(Err(_)) => return Err(ApiError::internal("the grammar compiler panicked")),
-        Ok(Ok(Err(GrammarError::Invalid(m)))) => return Err(bad(param, format!("`{param}` is invalid: {m}"))),
-        Ok(Ok(Err(e @ GrammarError::Unavailable(_)))) => return Err(bad(param, e.to_string())),
-        Ok(Ok(Ok(g))) => g,
+        Ok(Err(GrammarError::Invalid(m))) => return Err(bad(param, format!("`{param}` is invalid: {m}"))),
+        Ok(Err(e @ GrammarError::Unavailable(_))) => return Err(bad(param, e.to_string())),
+        Ok(Ok(g)) => g,
     };
     Ok(StructuredOutput { grammar, after })
 }

@@ -2,7 +2,8 @@
 //! `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, which becomes OpenAI's
 //! `message.tool_calls` (and, streaming, tool-call deltas) with `finish_reason: "tool_calls"`.
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::api_types::chat::{ChatToolCall, FunctionCall};
 
@@ -35,16 +36,27 @@ fn call_id(request_id: &str, choice: usize, n: usize) -> String {
     format!("call_{tail}_{choice}_{n}")
 }
 
-/// Parse one `<tool_call>` body; `None` if it is not `{"name": string, "arguments": …}`.
+/// A `<tool_call>` body as the model wrote it: the arguments stay text, so nothing in them is
+/// changed on the way to the client (a 26-digit integer parsed into an f64 came back as
+/// `-3.9355609393093556e+25`).
+#[derive(Deserialize)]
+struct RawCall<'a> {
+    name: String,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+}
+
+/// Parse one `<tool_call>` body; `None` if it is not `{"name": string, "arguments": …}`. The
+/// arguments are handed on as generated (a JSON string's contents when the model wrote them as
+/// a string).
 fn parse_call(body: &str, id: String) -> Option<ToolCall> {
-    let v: Value = serde_json::from_str(body.trim()).ok()?;
-    let name = v.get("name")?.as_str()?.to_string();
-    let arguments = match v.get("arguments") {
+    let call: RawCall = serde_json::from_str(body.trim()).ok()?;
+    let arguments = match call.arguments.map(RawValue::get) {
         None => "{}".to_string(),
-        Some(Value::String(s)) => s.clone(),
-        Some(a) => a.to_string(),
+        Some(raw) if raw.starts_with('"') => serde_json::from_str::<String>(raw).ok()?,
+        Some(raw) => raw.to_string(),
     };
-    Some(ToolCall { id, name, arguments })
+    Some(ToolCall { id, name: call.name, arguments })
 }
 
 /// Split a finished output into content and tool calls, by running [`ToolStream`] over the
@@ -272,7 +284,7 @@ mod tests {
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].name, "get_weather");
-        assert_eq!(serde_json::from_str::<Value>(&calls[0].arguments).unwrap(), json!({"city": "Paris"}));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&calls[0].arguments).unwrap(), json!({"city": "Paris"}));
         assert_eq!(calls[1].arguments, "{}");
         assert_ne!(calls[0].id, calls[1].id);
         let (content, calls) = extract("plain answer", "x", 0);
@@ -283,6 +295,18 @@ mod tests {
         // Only calls (and template whitespace): no content.
         let (content, calls) = extract(&format!("\n{CALL}\n\n{CALL}\n"), "x", 0);
         assert_eq!((content, calls.len()), (None, 2));
+    }
+
+    #[test]
+    fn arguments_are_handed_on_as_generated() {
+        let big = "<tool_call>{\"name\": \"f\", \"arguments\": {\"n\": -39355609393093556123456789, \"x\": 1.50}}</tool_call>";
+        let (_, calls) = extract(big, "x", 0);
+        assert_eq!(calls[0].arguments, "{\"n\": -39355609393093556123456789, \"x\": 1.50}");
+        let quoted = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>";
+        assert_eq!(extract(quoted, "x", 0).1[0].arguments, "{\"a\": 1}");
+        // Still a call only when the body is an object naming a function.
+        assert!(extract("<tool_call>{\"name\": 5}</tool_call>", "x", 0).1.is_empty());
+        assert!(extract("<tool_call>[1]</tool_call>", "x", 0).1.is_empty());
     }
 
     #[test]

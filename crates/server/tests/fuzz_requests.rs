@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-const SEEDS: [&str; 7] = [
+const SEEDS: [&str; 8] = [
     r#"{"model": "demo", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "content": "42"}], "max_tokens": 8, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "n": 2, "stop": ["x", "y"], "logit_bias": {"7": -100}, "logprobs": true, "top_logprobs": 3, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "auto", "stream": true, "stream_options": {"include_usage": true}, "seed": 3}"#,
     r#"{"model": "demo", "prompt": ["a", "b"], "max_tokens": 4, "logprobs": 2, "echo": true, "n": 1, "stop": "z", "min_tokens": 1, "stop_token_ids": [1, 2], "ignore_eos": true, "presence_penalty": 0.5, "repetition_penalty": 1.1}"#,
     r#"{"prompt": [[1, 2, 3], [4, 5]], "max_completion_tokens": 3, "min_p": 0.05, "best_of": 1}"#,
@@ -24,6 +24,7 @@ const SEEDS: [&str; 7] = [
     r#"{"tokens": [1, 2, 3, 151643], "model": "demo"}"#,
     r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object", "properties": {"a": {"enum": [1, "b"]}}, "required": ["a"]}, "strict": true}}, "prompt_logprobs": 2}"#,
     r#"{"prompt": "p", "structured_outputs": {"choice": ["a", "b"], "regex": null}, "guided_decoding_backend": "auto", "echo": true, "max_tokens": 0}"#,
+    r##"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "continue_final_message": true, "add_generation_prompt": false, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters": {"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/A"}}}}, "properties": {"a": {"$ref": "#/$defs/A"}}}}}], "tool_choice": "required", "response_format": {"type": "json_object"}, "logit_bias": {"5": 1}}"##,
 ];
 
 const HOSTILE: [&str; 16] = [
@@ -140,7 +141,7 @@ fn mutated_request_bodies_never_panic() {
 
 #[test]
 fn the_seed_bodies_are_valid() {
-    for s in [SEEDS[0], SEEDS[3]] {
+    for s in [SEEDS[0], SEEDS[3], SEEDS[7]] {
         chat(s.as_bytes()).unwrap_or_else(|e| panic!("{s}: {e:?}"));
     }
     for s in [SEEDS[1], SEEDS[2]] {

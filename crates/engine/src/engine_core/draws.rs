@@ -68,7 +68,7 @@ impl<R: ModelRunner> EngineCore<R> {
         self.mask_times.merge(&d.masks);
         if let Some(e) = d.grammar_error {
             if let Some(g) = self.samples.get(&seq).map(|s| s.group) {
-                self.fail_group(g, &e);
+                self.reject_group(g, &e);
             }
             return;
         }

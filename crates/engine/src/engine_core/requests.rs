@@ -121,6 +121,15 @@ impl<R: ModelRunner> EngineCore<R> {
         }
     }
 
+    /// End request `group` because its own constraint could not go on (logged: the compile's
+    /// dry run is meant to find such grammars before they run).
+    pub(super) fn reject_group(&mut self, group: Handle, message: &str) {
+        tracing::warn!("a request's output constraint failed while generating: {message}");
+        if let Some(mut g) = self.drop_group(group) {
+            (g.sink)(EngineEvent::Rejected(message.to_string()));
+        }
+    }
+
     /// The samples of request `group`, in sample order.
     fn group_seqs(&self, group: Handle) -> Vec<SeqId> {
         let mut seqs: Vec<SeqId> = self.samples.iter().filter(|(_, s)| s.group == group).map(|(&q, _)| q).collect();

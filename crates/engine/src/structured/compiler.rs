@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::{Matcher, ParserFactory};
 
-use super::{tok_env, Constraint};
+use super::compile_queue::{CompileQueue, CompileStats, CompileTicket};
+use super::{bounds, schema, tok_env, Constraint};
 use crate::tokenizer::Tokenizer;
 
 /// Compiled grammars kept for reuse.
@@ -17,6 +18,9 @@ pub const CACHE_ENTRIES: usize = 64;
 /// Most grammar symbols one constraint may compile to (llguidance's default is 500,000, a few
 /// megabytes of schema; a request body is far smaller, so a bigger grammar is an attack).
 const MAX_GRAMMAR_SIZE: usize = 200_000;
+
+/// Tokens a new grammar is walked for before it is accepted (see [`dry_run`]).
+const DRY_RUN_TOKENS: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GrammarError {
@@ -74,6 +78,13 @@ pub struct GrammarCompiler {
     max_grammar_size: usize,
     factory: OnceLock<Result<Vocabulary, String>>,
     cache: Mutex<VecDeque<(Arc<str>, CompiledGrammar)>>,
+    queue: Arc<CompileQueue>,
+}
+
+impl Drop for GrammarCompiler {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 impl GrammarCompiler {
@@ -85,6 +96,27 @@ impl GrammarCompiler {
             max_grammar_size: MAX_GRAMMAR_SIZE,
             factory: OnceLock::new(),
             cache: Mutex::new(VecDeque::new()),
+            queue: Arc::new(CompileQueue::new()),
+        }
+    }
+
+    /// How many compiles may run at once on the compile threads (set before the first
+    /// [`submit`](Self::submit); see [`super::compile_queue`]).
+    pub fn set_compile_threads(&self, n: usize) {
+        self.queue.set_threads(n);
+    }
+
+    /// What the compile threads have done so far.
+    pub fn compile_stats(&self) -> CompileStats {
+        self.queue.stats()
+    }
+
+    /// Compile `c` on the compile threads (a cached grammar answers at once). Drop the ticket to
+    /// withdraw a compile no one waits for any more.
+    pub fn submit(self: &Arc<Self>, c: Constraint) -> CompileTicket {
+        match self.cached(&c.key()) {
+            Some(g) => CompileTicket::ready(Ok(g)),
+            None => self.queue.submit(self, c),
         }
     }
 
@@ -108,24 +140,45 @@ impl GrammarCompiler {
     }
 
     /// The compiled grammar of `c`, from the cache or compiled now (bounded by llguidance's
-    /// fuel and size limits, so a hostile schema fails instead of running on).
+    /// fuel and size limits, so a hostile schema fails instead of running on), on the calling
+    /// thread: its stack must hold what [`bounds::MAX_LEVELS`] allows (the compile threads' do;
+    /// serve requests through [`submit`](Self::submit)).
     pub fn compile(&self, c: &Constraint) -> Result<CompiledGrammar, GrammarError> {
         let key: Arc<str> = c.key().into();
         if let Some(g) = self.cached(&key) {
             return Ok(g);
         }
+        let levels = c.levels();
+        if levels > bounds::MAX_LEVELS {
+            return Err(GrammarError::Invalid(format!(
+                "the {} nests too deeply: its rules, references and groups could chain {levels} levels \
+                 deep; at most {} are allowed",
+                c.kind(),
+                bounds::MAX_LEVELS
+            )));
+        }
+        let run = c.optional_run();
+        if run > schema::MAX_OPTIONAL_RUN {
+            return Err(GrammarError::Invalid(format!(
+                "an object of the {} has {run} optional properties in a row; at most {} are allowed \
+                 (mark some `required`, or split the object)",
+                c.kind(),
+                schema::MAX_OPTIONAL_RUN
+            )));
+        }
         let Vocabulary { factory, whitespace } = self.factory()?;
-        let parser =
-            factory.create_parser(c.grammar()).map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+        let invalid = |e: &str| GrammarError::Invalid(first_lines(e));
+        let parser = factory.create_parser(c.grammar()).map_err(|e| invalid(&e.to_string()))?;
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError::Invalid(first_lines(&e)));
+            return Err(invalid(&e));
         }
         // A grammar that can neither produce a token nor end would stall its sample.
-        let mask = matcher.compute_mask().map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+        let mask = matcher.compute_mask().map_err(|e| invalid(&e.to_string()))?;
         if mask.is_zero() {
             return Err(GrammarError::Invalid("the grammar matches nothing".into()));
         }
+        dry_run(&matcher)?;
         let g = CompiledGrammar { key: key.clone(), proto: Arc::new(matcher), whitespace: whitespace.clone() };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.retain(|(k, _)| *k != key);
@@ -149,8 +202,37 @@ impl GrammarCompiler {
     }
 }
 
-/// llguidance's messages can quote a whole grammar; a client needs the first lines.
+/// Walk a copy of a new grammar for a few tokens, always taking the lowest allowed id (the short
+/// byte-level tokens, which keep the most alternatives alive). llguidance checks some limits only
+/// once tokens arrive: an Earley row of more than 2,000 items (a rule of 20,000 alternatives), a
+/// lexer that grows past its budget (`a{1000}{1000}`). Found here, they are the client's 400;
+/// found while generating, they were a 500 in the middle of a request.
+fn dry_run(matcher: &Matcher) -> Result<(), GrammarError> {
+    let mut m = matcher.deep_clone();
+    let eos = m.tok_env().map(|env| env.tok_trie().eos_tokens().to_vec()).unwrap_or_default();
+    for _ in 0..DRY_RUN_TOKENS {
+        if m.is_stopped() {
+            break;
+        }
+        let mask = m.compute_mask().map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+        let allowed = mask
+            .as_slice()
+            .iter()
+            .enumerate()
+            .flat_map(|(w, &bits)| (0..32u32).filter(move |b| bits >> b & 1 == 1).map(move |b| w as u32 * 32 + b));
+        let Some(token) = allowed.into_iter().find(|t| !eos.contains(t)) else { break };
+        m.consume_token(token).map_err(|e| GrammarError::Invalid(first_lines(&e.to_string())))?;
+    }
+    Ok(())
+}
+
+/// llguidance's messages can quote a whole grammar; a client needs the first lines. A limit it
+/// enforces by assertion arrives as a caught panic with a backtrace: the assertion is enough.
 fn first_lines(msg: &str) -> String {
+    if let Some(rest) = msg.strip_prefix("panic: ") {
+        let what = rest.lines().next().unwrap_or(rest);
+        return format!("the grammar is too large for the compiler ({what})");
+    }
     let lines: Vec<&str> = msg.lines().take(4).collect();
     let mut s = lines.join("\n");
     if s.len() > 600 {
@@ -220,13 +302,162 @@ pub(crate) mod tests {
         assert!(err(Constraint::Regex("a(b".into())).contains("regex"));
         assert!(err(Constraint::Lark("start: foo".into())).contains("foo"));
         // More grammar symbols than the limit (lowered here: the real one takes a big grammar).
-        let small =
-            GrammarCompiler { max_grammar_size: 100, ..GrammarCompiler::new(c.tokenizer.clone(), VOCAB, EOS.to_vec()) };
-        let many = (0..200).map(|i| format!("c{i}")).collect();
-        match small.compile(&Constraint::Choice(many)) {
+        let mut small = GrammarCompiler::new(c.tokenizer.clone(), VOCAB, EOS.to_vec());
+        small.max_grammar_size = 100;
+        let many: Vec<String> = (0..200).map(|i| format!("\"c{i}\"")).collect();
+        match small.compile(&Constraint::Lark(format!("start: {}", many.join(" | ")))) {
             Err(GrammarError::Invalid(m)) => assert!(m.contains("too big"), "{m}"),
             other => panic!("{:?}", other.map(|_| ())),
         }
+    }
+
+    /// `start: r0`, `r{i}: r{i+1} | "x"`, …: the chain that overflowed a 2 MiB stack at ~800.
+    fn rule_chain(n: usize) -> String {
+        let mut g = String::from("start: r0\n");
+        for i in 0..n {
+            g.push_str(&format!("r{i}: r{} | \"x\"\n", i + 1));
+        }
+        g + &format!("r{n}: \"end\"\n")
+    }
+
+    /// `$defs` d0 … dn, each a reference to the next.
+    fn ref_chain(n: usize) -> serde_json::Value {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+        }
+        defs.insert(format!("d{n}"), json!({"type": "string"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
+    #[test]
+    fn deep_chains_are_refused_before_they_can_recurse() {
+        // The test thread's stack is 2 MiB, where these chains aborted the process at depth
+        // ~800: refused by the bound, they never reach the compiler.
+        let c = compiler();
+        for k in [Constraint::Lark(rule_chain(10_000)), Constraint::JsonSchema(ref_chain(10_000))] {
+            match c.compile(&k) {
+                Err(GrammarError::Invalid(m)) => assert!(m.contains("nests too deeply"), "{m}"),
+                other => panic!("{:?}", other.map(|_| ())),
+            }
+        }
+        // Chains within the bound compile, on a stack like the compile threads'.
+        let ok = std::thread::Builder::new()
+            .stack_size(super::super::compile_queue::STACK_BYTES)
+            .spawn(|| {
+                compiler().compile(&Constraint::Lark(rule_chain(900)))?;
+                compiler().compile(&Constraint::JsonSchema(ref_chain(2_000)))
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(ok.is_ok(), "{:?}", ok.map(|_| ()));
+    }
+
+    #[test]
+    fn limits_llguidance_checks_only_at_the_first_tokens_are_found_at_compile() {
+        let c = compiler();
+        let invalid = |k: Constraint| match c.compile(&k) {
+            Err(GrammarError::Invalid(m)) => m,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        // These passed the compile and failed at the first generated token (a 500).
+        assert!(invalid(Constraint::Regex("a{1000}{1000}".into())).contains("lexer"));
+        let alts: Vec<String> = (0..20_000).map(|i| format!("\"w{i}\"")).collect();
+        assert!(invalid(Constraint::Lark(format!("start: {}", alts.join(" | ")))).contains("items"));
+        // 8,000 optional properties compiled for 6.7 s before failing at the first property; past
+        // the run llguidance can walk, they are refused before compiling.
+        let props: serde_json::Map<String, serde_json::Value> =
+            (0..8000).map(|i| (format!("p{i}"), json!({"type": "integer"}))).collect();
+        assert!(invalid(Constraint::JsonSchema(json!({"properties": props}))).contains("optional properties"));
+        // A choice list up to the API's limit is one terminal, not 4,096 Earley items.
+        let choices: Vec<String> = (0..4096).map(|i| format!("option number {i}")).collect();
+        let g = c.compile(&Constraint::Choice(choices)).unwrap();
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, "option number 4095"));
+        assert!(s.is_finished());
+        let g = c.compile(&Constraint::Choice(vec!["".into(), "a".into(), "ab".into()])).unwrap();
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, "ab") && s.is_finished());
+    }
+
+    #[test]
+    fn tool_schemas_keep_their_definitions() {
+        // What Pydantic (and openai.pydantic_function_tool) emit for a nested model.
+        let parameters = json!({
+            "type": "object",
+            "properties": {"owner": {"$ref": "#/$defs/Person"}, "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}}},
+            "required": ["owner", "tags"],
+            "$defs": {
+                "Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                "Tag": {"type": "string", "enum": ["a", "b"]}
+            }
+        });
+        let tools = vec![
+            crate::structured::ToolSchema { name: "save".into(), parameters },
+            crate::structured::ToolSchema { name: "other".into(), parameters: ref_chain(3) },
+        ];
+        let g = compiler().compile(&Constraint::ToolCalls { tools, parallel: false, optional: false }).unwrap();
+        let call = "<tool_call>\n{\"name\": \"save\", \"arguments\": {\"owner\": {\"name\": \"Ada\"}, \"tags\": [\"a\"]}}\n</tool_call>";
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, call));
+        assert!(s.is_finished());
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(!walk(&mut s, "<tool_call>\n{\"name\": \"save\", \"arguments\": {\"owner\": {\"name\": 1"));
+        // Objects that list properties are closed: no extra key in the nested model.
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(!walk(
+            &mut s,
+            "<tool_call>\n{\"name\": \"save\", \"arguments\": {\"owner\": {\"name\": \"Ada\", \"age\""
+        ));
+        let mut s = GrammarState::new(&g, None).unwrap();
+        assert!(walk(&mut s, "<tool_call>\n{\"name\": \"other\", \"arguments\": \"text\"}\n</tool_call>"));
+    }
+
+    #[test]
+    fn extra_keys_are_refused_unless_the_schema_allows_them() {
+        let c = compiler();
+        let closed = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let g = c.compile(&Constraint::JsonSchema(closed)).unwrap();
+        assert!(!walk(&mut GrammarState::new(&g, None).unwrap(), "{\"a\": 1, \"b\""));
+        assert!(walk(&mut GrammarState::new(&g, None).unwrap(), "{\"a\": 1}"));
+        let open = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true});
+        let g = c.compile(&Constraint::JsonSchema(open)).unwrap();
+        assert!(walk(&mut GrammarState::new(&g, None).unwrap(), "{\"a\": 1, \"b\": 2}"));
+    }
+
+    #[test]
+    fn queued_compiles_run_at_most_threads_at_once_and_not_for_nobody() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(queued_compiles());
+    }
+
+    async fn queued_compiles() {
+        let tok = Arc::new(Tokenizer::builtin_qwen().unwrap());
+        let c = Arc::new(GrammarCompiler::new(tok, VOCAB, EOS.to_vec()));
+        c.set_compile_threads(1);
+        c.warm_up().unwrap();
+        // Slow enough (a few hundred ms) that the next ones are still queued behind it.
+        let slow = |i: usize| {
+            let names: Vec<String> = (0..30).map(|q| format!("q{q}")).collect();
+            let inner = json!({"type": "object", "properties": names.iter().map(|q| (q.clone(), json!({"type": "string", "maxLength": 50}))).collect::<serde_json::Map<_, _>>(), "required": names});
+            let names: Vec<String> = (0..300).map(|p| format!("p{i}_{p}")).collect();
+            let props: serde_json::Map<_, _> = names.iter().map(|p| (p.clone(), inner.clone())).collect();
+            Constraint::JsonSchema(json!({"type": "object", "properties": props, "required": names}))
+        };
+        let first = c.submit(slow(0));
+        let abandoned: Vec<_> = (1..4).map(|i| c.submit(slow(i))).collect();
+        drop(abandoned);
+        let last = c.submit(Constraint::Regex("[0-9]+".into()));
+        first.wait().await.unwrap();
+        last.wait().await.unwrap();
+        let n = c.compile_stats();
+        assert_eq!((n.started, n.skipped), (2, 3), "the abandoned compiles never started");
+        assert_eq!((n.threads, n.running, n.queued), (1, 0, 0));
+        // A cached grammar does not queue.
+        let again = c.submit(Constraint::Regex("[0-9]+".into()));
+        again.wait().await.unwrap();
+        assert_eq!(c.compile_stats().started, 2);
     }
 
     #[test]

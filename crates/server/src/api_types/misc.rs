@@ -79,3 +79,19 @@ pub struct TokenizeResponse {
 pub struct DetokenizeResponse {
     pub prompt: String,
 }
+
+/// `GET /tokenizer_info`: what vLLM's endpoint of the name answers (the tokenizer config's
+/// fields), which lm-eval's remote tokenizer reads to render chat prompts and find EOS.
+#[derive(Debug, Serialize)]
+pub struct TokenizerInfo {
+    pub tokenizer_class: &'static str,
+    pub eos_token: Option<String>,
+    pub bos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub chat_template: Option<String>,
+    pub model_max_length: usize,
+    /// The tokenizer's own vocabulary (the model's may be padded beyond it).
+    pub vocab_size: usize,
+    /// Every id that ends a generation.
+    pub eos_token_ids: Vec<u32>,
+}

@@ -1,5 +1,6 @@
 //! The engine's gauges and counters, encoded from one scrape's snapshot of the router: the whole
-//! server's totals, each worker's own (a `worker` label), the router's pricing, speculative
+//! server's totals under vLLM's names, each worker's own under flint's (a `worker` label), the
+//! router's pricing, speculative
 //! decoding's counters and the KV cache's geometry. Nothing is copied per engine step: the step
 //! loop already publishes [`EngineStats`]; this reads them when Prometheus asks.
 
@@ -55,8 +56,10 @@ fn family<'a, M: EncodeMetric + TypedMetric>(
 }
 
 impl EngineSnapshot {
-    /// The total first, unlabeled (a scraper that keeps one series per name, an inference
-    /// gateway's endpoint picker, sees the whole server), then each worker's.
+    /// vLLM's family holds the whole server, unlabeled (what dashboards built for vLLM, a
+    /// scraper that keeps one series per name and an inference gateway's endpoint picker
+    /// read); each worker's own series are `flint:worker_<name>` with a `worker` label. Apart, so
+    /// `sum(vllm:num_requests_running)` is the server's count, not twice it.
     fn per_worker<M: EncodeMetric + TypedMetric>(
         &self,
         enc: &mut DescriptorEncoder,
@@ -64,9 +67,11 @@ impl EngineSnapshot {
         help: &str,
         value: impl Fn(&EngineStats) -> M,
     ) -> fmt::Result {
-        let total = std::iter::once((Labels::new(), value(&self.total)));
+        family(enc, name, help, [(Labels::new(), value(&self.total))])?;
+        let own = format!("flint:worker_{}", name.trim_start_matches("vllm:"));
+        let own_help = format!("{}, per worker.", help.trim_end_matches('.'));
         let workers = self.workers.iter().map(|w| (vec![("worker", w.name.as_str())], value(&w.stats)));
-        family(enc, name, help, total.chain(workers))
+        family(enc, &own, &own_help, workers)
     }
 
     /// Only per worker: the router's own view of each.

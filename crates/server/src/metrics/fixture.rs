@@ -100,12 +100,12 @@ pub(super) fn scrape() -> Scrape {
 impl Scrape {
     /// `/metrics` for this state.
     pub fn render(&self) -> String {
-        self.metrics.render(self.stats, self.workers.clone(), Some(self.cache.clone()))
+        self.metrics.render(self.stats, self.workers.clone(), Some(self.cache.clone()), None)
     }
 
     /// `/metrics` while the model loads: no workers, no cache, speculation off.
     pub fn render_loading(&self) -> String {
-        self.metrics.render(EngineStats::default(), Vec::new(), None)
+        self.metrics.render(EngineStats::default(), Vec::new(), None, None)
     }
 }
 

@@ -49,8 +49,8 @@ fn the_comparison_sees_each_kind_of_change() {
     assert!(want == parsed(&text));
     for (from, to) in [
         (
-            "vllm:num_requests_running{model_name=\"org/demo-\\\"7b\\\"\\\\v1\",worker=\"cpu1\"} 4",
-            "vllm:num_requests_running{model_name=\"org/demo-\\\"7b\\\"\\\\v1\",worker=\"cpu2\"} 4",
+            "flint:worker_num_requests_running{model_name=\"org/demo-\\\"7b\\\"\\\\v1\",worker=\"cpu1\"} 4",
+            "flint:worker_num_requests_running{model_name=\"org/demo-\\\"7b\\\"\\\\v1\",worker=\"cpu2\"} 4",
         ),
         (",worker=\"cpu0\"} 3", ",node=\"cpu0\"} 3"),
         ("finished_reason=\"length\"} 1", "finished_reason=\"length\"} 2"),
@@ -119,14 +119,17 @@ fn renders_vllm_names_and_histograms() {
         },
         WorkerStatus { name: "cpu1".into(), healthy: false, stats: EngineStats::default(), decisions: 1 },
     ];
-    let text = m.render(stats, workers, Some(cache));
-    assert!(text.contains("vllm:num_requests_running{model_name=\"demo\",worker=\"cpu0\"} 2"), "{text}");
-    assert!(text.contains("vllm:num_requests_running{model_name=\"demo\",worker=\"cpu1\"} 0"), "{text}");
+    let compiles = flint_engine::structured::CompileStats { threads: 1, started: 7, skipped: 2, running: 1, queued: 3 };
+    let text = m.render(stats, workers, Some(cache), Some(compiles));
+    assert!(text.contains("flint:worker_num_requests_running{model_name=\"demo\",worker=\"cpu0\"} 2"), "{text}");
+    assert!(text.contains("flint:worker_num_requests_running{model_name=\"demo\",worker=\"cpu1\"} 0"), "{text}");
     assert!(text.contains("flint:router_decisions_total{model_name=\"demo\",worker=\"cpu0\"} 5"), "{text}");
     assert!(text.contains("flint:worker_healthy{model_name=\"demo\",worker=\"cpu1\"} 0"), "{text}");
-    let total = text.find("vllm:num_requests_running{model_name=\"demo\"} 2\n");
-    let labeled = text.find("vllm:num_requests_running{model_name=\"demo\",worker=");
-    assert!(total.is_some() && total < labeled, "the unlabeled total comes first: {text}");
+    // vLLM's series is the server's total alone: a sum() over it must not count a worker twice.
+    for line in text.lines().filter(|l| l.starts_with("vllm:")) {
+        assert!(!line.contains("worker="), "{line}");
+    }
+    assert!(text.contains("vllm:num_requests_running{model_name=\"demo\"} 2\n"), "{text}");
     assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"demo\"} 0.25"));
     assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.04\"} 1"));
     assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"+Inf\"} 2"));
@@ -136,6 +139,8 @@ fn renders_vllm_names_and_histograms() {
     assert!(text.contains("block_size=\"128\",num_gpu_blocks=\"8\",cache_dtype=\"int8\""), "{text}");
     assert!(text.contains("capacity_tokens=\"1024\""));
     assert!(text.contains("flint:kv_cache_bytes_per_token{model_name=\"demo\"} 6264"));
-    let loading = m.render(stats, Vec::new(), None);
+    assert!(text.contains("flint:grammar_compiles_skipped_total{model_name=\"demo\"} 2"), "{text}");
+    assert!(text.contains("flint:grammar_compiles_queued{model_name=\"demo\"} 3"), "{text}");
+    let loading = m.render(stats, Vec::new(), None, None);
     assert!(loading.contains("vllm:cache_config_info{model_name=\"demo\",block_size=\"128\""), "{loading}");
 }

@@ -34,7 +34,7 @@ use stream::ResponsesStream;
 
 pub async fn responses(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
     let arrival = Arrival::new(&state, &headers);
-    respond(&state, run(&state, arrival, &body).await)
+    respond(&state, run(&state, arrival, body).await)
 }
 
 /// What every response object of a request shares: its id and the request's settings, echoed
@@ -136,10 +136,15 @@ fn call_item(call: &ToolCall, status: &'static str, arguments: &str) -> OutputIt
     }
 }
 
-async fn run(state: &SharedState, arrival: Arrival, body: &[u8]) -> ApiResult<Response> {
+async fn run(state: &SharedState, arrival: Arrival, body: Bytes) -> ApiResult<Response> {
     let model = state.model()?;
-    let request = crate::protocol::body_object(body)?;
-    let req = to_chat(&request)?;
+    let (request, req) = crate::protocol::parse_off_async(body, |b| {
+        let request = crate::protocol::body_object(b)?;
+        let req = to_chat(&request)?;
+        Ok((request, req))
+    })
+    .await
+    .map_err(rename)?;
     let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let PreparedChat { prompt, params, parse_tools, mut guard, .. } =
         prepare(state, &model, req).await.map_err(rename)?;

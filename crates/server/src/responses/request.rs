@@ -222,15 +222,26 @@ pub fn to_chat(v: &Value) -> ApiResult<ChatRequest> {
     parse_request(&bytes).map_err(rename)
 }
 
-/// A chat field's error, named as the Responses API names the field.
+/// Chat's names of the fields the Responses API names otherwise.
+const RENAMED: [(&str, &str); 4] = [
+    ("messages", "input"),
+    ("max_tokens", "max_output_tokens"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("response_format", "text"),
+];
+
+/// A chat field's error, named as the Responses API names the field: in `param` and wherever
+/// the message quotes a chat field (`max_tokens` reads `max_output_tokens`).
 pub fn rename(mut e: ApiError) -> ApiError {
-    let renamed = match e.param.as_deref() {
-        Some("messages") => "input",
-        Some("max_tokens") => "max_output_tokens",
-        Some("response_format") => "text",
-        _ => return e,
-    };
-    e.param = Some(renamed.into());
+    if let Some(p) = e.param.as_deref() {
+        if let Some((_, to)) = RENAMED.iter().find(|(from, _)| *from == p) {
+            e.param = Some(to.to_string());
+        }
+    }
+    for (from, to) in RENAMED {
+        let to = if to == "text" { "text.format" } else { to };
+        e.message = e.message.replace(&format!("`{from}`"), &format!("`{to}`"));
+    }
     e
 }
 
@@ -290,5 +301,16 @@ mod tests {
         assert_eq!(param(json!({})).as_deref(), Some("input"));
         assert_eq!(param(json!({"input": "Hi", "max_output_tokens": "x"})).as_deref(), Some("max_output_tokens"));
         assert!(chat(json!({"input": "Hi", "store": false})).is_ok());
+    }
+
+    #[test]
+    fn renamed_errors_quote_the_responses_names() {
+        let e = rename(ApiError::invalid("max_tokens", "`max_tokens` must be at least 1, got 0"));
+        assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
+        assert_eq!(e.message, "`max_output_tokens` must be at least 1, got 0");
+        let e = rename(ApiError::invalid("response_format", "`response_format.type` must be …"));
+        assert_eq!((e.param.as_deref(), e.message.contains("max_tokens")), (Some("text"), false));
+        let e = rename(ApiError::invalid("messages", "`messages` has 9000 messages; at most 8192 are allowed"));
+        assert_eq!(e.message, "`input` has 9000 messages; at most 8192 are allowed");
     }
 }
