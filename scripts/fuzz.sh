@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Long runs of the fuzz targets that `cargo test` runs briefly (crates/model/tests/fuzz_files.rs,
-# crates/engine/tests/fuzz_chat_template.rs): optimised, but with debug assertions and overflow
-# checks on (they are what turn a silent wrap into a finding), in target/fuzz so ordinary builds
+# crates/engine/tests/fuzz_chat_template.rs, crates/engine/tests/fuzz_constraints.rs): optimised,
+# but with debug assertions and overflow checks on (they are what turn a silent wrap into a finding), in target/fuzz so ordinary builds
 # are not invalidated.
 #
 # Usage: scripts/fuzz.sh [options] [target...]
-#   targets:  gguf safetensors config chat tokenizer templates  (default: all)
+#   targets:  gguf safetensors config chat tokenizer templates constraints  (default: all)
 #   --cases N       cases per target per round (default 20000)
 #   --seed S        first seed (default: random); round k uses S+k
 #   --case C        rerun only case C (with --seed, as a failure message prints them)
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -eq 0 ] && targets=(gguf safetensors config chat tokenizer templates)
+[ ${#targets[@]} -eq 0 ] && targets=(gguf safetensors config chat tokenizer templates constraints)
 [ -z "$seed" ] && seed=$(( (RANDOM << 15 | RANDOM) ))
 
 # target -> "package test-file test-name"
@@ -46,7 +46,8 @@ spec() {
     chat) echo "flint-engine fuzz_chat_template fuzz_chat_render" ;;
     tokenizer) echo "flint-engine fuzz_chat_template fuzz_gguf_tokenizer_metadata" ;;
     templates) echo "flint-engine fuzz_chat_template hostile_templates_end_in_errors" ;;
-    *) echo "unknown target $1 (gguf safetensors config chat tokenizer templates)" >&2; exit 2 ;;
+    constraints) echo "flint-engine fuzz_constraints generated_constraints_compile_or_are_refused_never_crash" ;;
+    *) echo "unknown target $1 (gguf safetensors config chat tokenizer templates constraints)" >&2; exit 2 ;;
   esac
 }
 for t in "${targets[@]}"; do spec "$t" >/dev/null; done

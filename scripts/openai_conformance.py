@@ -208,6 +208,40 @@ class Person(pydantic.BaseModel):
     address: Address
 
 
+class Item(pydantic.BaseModel):
+    sku: Literal["A1", "B2"]
+    qty: int = pydantic.Field(ge=1, le=9)
+
+
+class Order(pydantic.BaseModel):
+    customer: Address
+    items: list[Item] = pydantic.Field(max_length=2)
+
+
+def nested_tool_checks(c, msgs):
+    """Nested Pydantic models as tools: their schemas carry `$defs` (what pydantic-ai, instructor's
+    TOOLS mode and openai-agents send), forced, and a forced call together with an output format."""
+    tool = openai.pydantic_function_tool(Order)
+    r = c.chat.completions.parse(model="demo", messages=msgs, tools=[tool], tool_choice="required", max_tokens=200,
+                                 seed=5)
+    call = r.choices[0].message.tool_calls[0]
+    check(isinstance(call.function.parsed_arguments, Order)
+          and isinstance(call.function.parsed_arguments.customer, Address),
+          "pydantic_function_tool with a nested model, tool_choice required: parsed arguments")
+    r = c.chat.completions.parse(model="demo", messages=msgs, tools=[tool], max_tokens=200, seed=6,
+                                 tool_choice={"type": "function", "function": {"name": "Order"}},
+                                 response_format=Person)
+    call = r.choices[0].message.tool_calls[0]
+    check(isinstance(call.function.parsed_arguments, Order), "a forced call wins over response_format")
+    fn = {"type": "function", "name": "Order", "strict": True, "parameters": tool["function"]["parameters"]}
+    r = c.responses.create(model="demo", input="Order something.", tools=[fn], max_output_tokens=200, store=False,
+                           tool_choice={"type": "function", "name": "Order"},
+                           text={"format": {"type": "json_schema", "name": "p", "schema": {"type": "object"}}})
+    item = r.output[0]
+    check(item.type == "function_call" and Order.model_validate_json(item.arguments) is not None,
+          "responses: a forced call with text.format (instructor's RESPONSES_TOOLS)")
+
+
 def structured_checks(srv):
     c = srv.client()
     msgs = [{"role": "user", "content": "Describe a person."}]
@@ -242,6 +276,7 @@ def structured_checks(srv):
     call = r.choices[0].message.tool_calls[0]
     check(call.function.name == "get_time" and isinstance(json.loads(call.function.arguments)["utc"], bool),
           "named tool_choice forces that function")
+    nested_tool_checks(c, msgs)
     try:
         c.chat.completions.create(model="demo", messages=msgs, max_tokens=2,
                                   response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})

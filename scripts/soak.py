@@ -5,8 +5,9 @@ that the server is exactly where it started.
 Starts the binary on port 0 (the built-in demo model unless --server-args names one) and runs
 --clients threads for --duration seconds over a weighted mix: streamed chat/completions that we
 cut off after a few chunks (FIN or RST), non-streamed requests with n in 1..4 and prompt lists,
-requests abandoned before the answer, tokenize/detokenize, /metrics, /v1/models and malformed
-bodies. Fails on any 5xx, malformed response (bad JSON shape, error envelope missing, a stream we
+requests abandoned before the answer, tokenize/detokenize, /metrics, /v1/models, malformed
+bodies and generated hostile constraints (deep grammar and `$ref` chains, wide objects and
+alternations, nested repeats, big choice lists, nested tool schemas, forced calls with a format). Fails on any 5xx, malformed response (bad JSON shape, error envelope missing, a stream we
 did not cut that lacks `data: [DONE]`), a server crash or panic; on greedy probes whose output
 changes during the run; when running/waiting/KV usage do not return to 0 or the admission count
 leaked; when peak RSS passes --rss-limit-mb; or when SIGTERM does not stop the server.
@@ -238,14 +239,64 @@ MALFORMED = [
     ("POST", "/detokenize", b'{"tokens": [-1]}'),
     ("POST", "/tokenize", b'{"prompt": "a", "messages": []}'),
     ("POST", "/v1/no-such-route", b"{}"),
+    ("POST", "/v1/chat/completions", b'{"messages": [' + b",".join([b'{"role":"user","content":"x"}'] * 9000) + b"]}"),
+    ("POST", "/detokenize", b"{}"),
+    ("POST", "/v1/completions", b'{"prompt": "x", "logit_bias": {"+5": 1}}'),
     ("GET", "/v1/chat/completions", None),
 ]
+
+
+def name(rng, i):
+    """A random identifier that is unique for `i` (and never a schema keyword)."""
+    return "_" + "".join(rng.choice("abcdefghij") for _ in range(2)) + str(i)
+
+
+def hostile_constraint(rng):
+    """A generated constraint of the shapes that once crashed the server, ran unbounded or failed
+    mid-generation: (extra body fields, whether a 200 is possible). Every one must end in a 4xx
+    with the envelope or a well-formed 200, with the server alive."""
+    shape = rng.choice(["lark_chain", "ref_chain", "optional", "alternatives", "repeat", "choice", "nested_tool",
+                        "forced_with_format"])
+    if shape == "lark_chain":
+        n = rng.randint(4000, 9000)
+        names = [name(rng, i) for i in range(n + 1)]
+        rules = "".join(f'{names[i]}: {names[i + 1]} | "{rng.choice(WORDS)}"\n' for i in range(n))
+        return {"structured_outputs": {"grammar": f"start: {names[0]}\n{rules}{names[n]}: \"end\"\n"}}, False
+    if shape == "ref_chain":
+        n = rng.randint(2000, 8000)
+        names = [name(rng, i) for i in range(n + 1)]
+        schema = {names[i]: {"$ref": f"#/{names[i + 1]}"} for i in range(n)}
+        schema[names[n]] = {"type": "string"}
+        schema["$ref"] = f"#/{names[0]}"
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}, False
+    if shape == "optional":
+        props = {name(rng, i): {"type": rng.choice(["integer", "string", "boolean"])} for i in range(rng.randint(500, 4000))}
+        return {"guided_json": {"type": "object", "properties": props}}, False
+    if shape == "alternatives":
+        words = " | ".join(f'"{rng.choice(WORDS)}{i}"' for i in range(rng.randint(2500, 25000)))
+        return {"structured_outputs": {"grammar": "start: " + words}}, False
+    if shape == "repeat":
+        return {"structured_outputs": {"regex": f"(ab){{{rng.randint(50, 1000)}}}{{{rng.randint(50, 1000)}}}"}}, False
+    if shape == "choice":
+        return {"structured_outputs": {"choice": [f"{rng.choice(WORDS)} {i}" for i in range(rng.randint(1, 4096))]}}, True
+    # Tools whose parameters nest models through `$defs`, as Pydantic writes them.
+    depth = rng.randint(1, 6)
+    defs = {f"M{d}": {"type": "object", "properties": {"v": {"enum": WORDS[:3]}, "next": {"$ref": f"#/$defs/M{d + 1}"}},
+                      "required": ["v", "next"], "additionalProperties": False} for d in range(depth)}
+    defs[f"M{depth}"] = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["n"], "additionalProperties": False}
+    params = {"type": "object", "properties": {"root": {"$ref": "#/$defs/M0"}}, "required": ["root"], "$defs": defs}
+    tool = {"type": "function", "function": {"name": "nested", "parameters": params, "strict": True}}
+    extra = {"tools": [tool], "tool_choice": rng.choice(["required", {"type": "function", "function": {"name": "nested"}}])}
+    if shape == "forced_with_format":
+        extra["response_format"] = {"type": "json_object"}
+    return extra, True
 
 
 def one_request(cl, rng, stats):
     """One request of the weighted mix, validated."""
     kind = rng.choices(["chat_stream", "cmpl_stream", "chat", "cmpl", "abandon", "tokenize", "metrics",
-                        "models", "malformed"], [22, 18, 12, 12, 5, 8, 3, 3, 8])[0]
+                        "models", "malformed", "hostile"], [22, 18, 12, 12, 5, 8, 3, 3, 8, 4])[0]
     temp = rng.choice([0.0, 0.7, 1.0])
     common = {"max_tokens": rng.randint(2, MT), "temperature": temp, "seed": rng.randint(0, 1 << 30),
               "ignore_eos": rng.random() < 0.5}
@@ -295,6 +346,22 @@ def one_request(cl, rng, stats):
         status, v, _ = cl.call("GET", "/v1/models")
         if check_status(kind, status, v) and not (v.get("object") == "list" and v["data"][0].get("id")):
             fail(f"/v1/models: unexpected JSON {str(v)[:200]}")
+    elif kind == "hostile":
+        extra, may_succeed = hostile_constraint(rng)
+        body = dict(extra, messages=[{"role": "user", "content": prompt(rng)}], max_tokens=120)
+        status, v, _ = cl.call("POST", "/v1/chat/completions", body)
+        count(kind, status)
+        if 400 <= status < 500 and is_envelope(v):
+            return
+        if status == 200 and may_succeed and isinstance(v, dict) and isinstance(v.get("choices"), list):
+            msg = v["choices"][0].get("message", {})
+            if "tools" in body and v["choices"][0].get("finish_reason") == "tool_calls":
+                json.loads(msg["tool_calls"][0]["function"]["arguments"])
+            elif "structured_outputs" in body and v["choices"][0].get("finish_reason") == "stop" \
+                    and msg.get("content") not in body["structured_outputs"]["choice"]:
+                fail(f"hostile choice: {msg.get('content')!r} is not one of the choices")
+            return
+        fail(f"hostile {list(extra)}: got {status} {str(v)[:200]}")
     else:
         method, path, raw = rng.choice(MALFORMED)
         status, v, _ = cl.call(method, path, raw=raw)
@@ -366,6 +433,11 @@ def main():
     ap.add_argument("--idle-timeout", type=float, default=30, help="seconds for the gauges to return to 0")
     a = ap.parse_args()
     server_args = shlex.split(a.server_args) + (["--api-key", a.api_key] if a.api_key else [])
+    # The admission check at the end sends one request of the whole admission limit: let one
+    # request hold that much (by default it may hold half).
+    if "--max-seqs-per-request" not in server_args:
+        opt = lambda name, dflt: int(server_args[server_args.index(name) + 1]) if name in server_args else dflt
+        server_args += ["--max-seqs-per-request", str(opt("--max-num-seqs", 64) + opt("--max-queued-requests", 256))]
     srv = Server(a.flint, server_args)
     cl = Client(srv, a.api_key)
     deadline = time.monotonic() + 120
