@@ -223,7 +223,7 @@ def nested_tool_checks(c, msgs):
     TOOLS mode and openai-agents send), forced, and a forced call together with an output format."""
     tool = openai.pydantic_function_tool(Order)
     r = c.chat.completions.parse(model="demo", messages=msgs, tools=[tool], tool_choice="required", max_tokens=200,
-                                 seed=5)
+                                 seed=5, parallel_tool_calls=False)
     call = r.choices[0].message.tool_calls[0]
     check(isinstance(call.function.parsed_arguments, Order)
           and isinstance(call.function.parsed_arguments.customer, Address),

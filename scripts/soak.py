@@ -276,7 +276,8 @@ def hostile_constraint(rng):
         words = " | ".join(f'"{rng.choice(WORDS)}{i}"' for i in range(rng.randint(2500, 25000)))
         return {"structured_outputs": {"grammar": "start: " + words}}, False
     if shape == "repeat":
-        return {"structured_outputs": {"regex": f"(ab){{{rng.randint(50, 1000)}}}{{{rng.randint(50, 1000)}}}"}}, False
+        # Small products compile and run (the output is a prefix of abab…); large ones are refused.
+        return {"structured_outputs": {"regex": f"(ab){{{rng.randint(50, 1000)}}}{{{rng.randint(50, 1000)}}}"}}, True
     if shape == "choice":
         return {"structured_outputs": {"choice": [f"{rng.choice(WORDS)} {i}" for i in range(rng.randint(1, 4096))]}}, True
     # Tools whose parameters nest models through `$defs`, as Pydantic writes them.
@@ -357,9 +358,11 @@ def one_request(cl, rng, stats):
             msg = v["choices"][0].get("message", {})
             if "tools" in body and v["choices"][0].get("finish_reason") == "tool_calls":
                 json.loads(msg["tool_calls"][0]["function"]["arguments"])
-            elif "structured_outputs" in body and v["choices"][0].get("finish_reason") == "stop" \
+            elif "choice" in body.get("structured_outputs", {}) and v["choices"][0].get("finish_reason") == "stop" \
                     and msg.get("content") not in body["structured_outputs"]["choice"]:
                 fail(f"hostile choice: {msg.get('content')!r} is not one of the choices")
+            elif "regex" in body.get("structured_outputs", {}) and set(msg.get("content") or "ab") - {"a", "b"}:
+                fail(f"hostile regex: {msg.get('content')!r:.80} is not a run of ab")
             return
         fail(f"hostile {list(extra)}: got {status} {str(v)[:200]}")
     else:
