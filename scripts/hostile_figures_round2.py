@@ -4,9 +4,9 @@ neighbour streaming while the hostile requests run (no assertions; compare two b
 in one run). Starts BINARY's `serve` (built-in demo model) on a free port for each build, then:
 
 - the crash: a ~12 KB Lark chain of 800 rules and a `$ref` chain of 1,000 `$defs` (status, alive);
-- 16 concurrent distinct ~175 KB schemas while a neighbour streams: its tok/s alone, during, and in
-  the 10 s after the last answer, and the 16 statuses (two shapes: 6,000 optional properties, which
-  used to compile for seconds and fail at generation, and 6,000 required ones, which compile);
+- 16 concurrent distinct ~175 KB schemas while a neighbour streams: its tok/s before, during, and in
+  the 10 s after the last answer, and the 16 statuses (two shapes: 5,000 optional properties, which
+  used to compile for seconds and fail at generation, and 3,500 required ones, which compile);
 - two 13.6 MB bodies of 420,000 messages: status, seconds, /health latency meanwhile, RSS peak;
 - choice of 3,000, regex a{1000}{1000}, a Lark rule of 20,000 alternatives: status codes;
 - a forced tool_choice with response_format; 320 prompts in one request, then 20 small requests
@@ -59,22 +59,21 @@ class Server:
             code, text = type(e).__name__, b""
         return code, round(time.time() - t0, 3), text
 
-    def stream_tokens(self, max_tokens, until=None):
-        """Stream a completion; (tokens, seconds) — or stop at `until()` and return the rate so far."""
-        body = json.dumps({"prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(self.base + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        n, t0 = 0, time.time()
-        try:
-            with urllib.request.urlopen(req, timeout=600) as r:
-                for line in r:
-                    if line.startswith(b"data: {"):
-                        n += 1
-                    if until and until():
-                        break
-        except Exception:
-            pass
-        return n, time.time() - t0
+    def neighbour(self, stop, stamps):
+        """Stream completions back to back until `stop` is set, appending each token's arrival."""
+        body = json.dumps({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()
+        while not stop.is_set():
+            req = urllib.request.Request(self.base + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=600) as r:
+                    for line in r:
+                        if line.startswith(b"data: {"):
+                            stamps.append(time.time())
+                        if stop.is_set():
+                            break
+            except Exception:
+                time.sleep(0.1)
 
     def stop(self):
         self.proc.terminate()
@@ -92,40 +91,48 @@ def ref_chain(n):
 
 
 def schema(k, required):
-    names = [f"field_{k}_{i}" for i in range(6000)]
+    """~175 KB of distinct properties: 5,000 optional ones, or 3,500 required ones."""
+    names = [f"f{k}_{i}" for i in range(3500 if required else 5000)]
     s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}}
     if required:
         s["required"] = names
     return s
 
 
+def rate(stamps, t0, t1):
+    n = sum(1 for t in stamps if t0 <= t < t1)
+    return round(n / (t1 - t0), 1) if t1 > t0 else None
+
+
 def compiles_vs_neighbour(srv, required):
-    alone = srv.stream_tokens(64)
-    done = []
-    hostile = []
+    """A neighbour streams; 16 distinct ~175 KB schemas arrive at once. Its tok/s before, while
+    they are answered, and in the 10 s after the last answer (compiles left running show there)."""
+    stop, stamps = threading.Event(), []
+    neighbour = threading.Thread(target=srv.neighbour, args=(stop, stamps))
+    neighbour.start()
+    time.sleep(5)
+    statuses, done = [], []
+    size = len(json.dumps(schema(0, required)))
 
     def one(k):
-        hostile.append(srv.post("/v1/completions", {"prompt": "x", "max_tokens": 2,
-                                                    "guided_json": schema(k + (100 if required else 0), required)})[0])
+        statuses.append(srv.post("/v1/completions", {"prompt": "x", "max_tokens": 2,
+                                                     "guided_json": schema(k + (100 if required else 0), required)})[0])
         done.append(time.time())
 
+    start = time.time()
     threads = [threading.Thread(target=one, args=(k,)) for k in range(16)]
-    rate_during = []
-    neighbour = threading.Thread(target=lambda: rate_during.append(srv.stream_tokens(100_000, lambda: len(done) == 16)))
-    neighbour.start()
-    time.sleep(0.3)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    last = max(done)
+    time.sleep(10)
+    stop.set()
     neighbour.join()
-    t_last = time.time()
-    after = srv.stream_tokens(100_000, lambda: time.time() - t_last > 10)
-    rate = lambda r: round(r[0] / r[1], 1) if r and r[1] > 0 else None
-    statuses = {str(c): hostile.count(c) for c in set(hostile)}
-    return {"tok_s_alone": rate(alone), "tok_s_during": rate(rate_during[0] if rate_during else None),
-            "tok_s_10s_after_last_answer": rate(after), "statuses": statuses,
-            "seconds_to_last_answer": round(max(done) - min(done) if done else 0, 1)}
+    return {"schema_kb": size // 1024, "statuses": {str(c): statuses.count(c) for c in set(statuses)},
+            "seconds_to_last_answer": round(last - start, 1), "neighbour_tok_s_before": rate(stamps, start - 4, start),
+            "neighbour_tok_s_during": rate(stamps, start, last),
+            "neighbour_tok_s_10s_after": rate(stamps, last, last + 10)}
 
 
 def measure(binary, label):
@@ -192,13 +199,18 @@ def measure(binary, label):
     except urllib.error.HTTPError as e:
         out["status_tokenizer_info"] = e.code
     big = []
+    # Distinct prompts (identical ones would come from the prefix cache at once).
+    prompts = [[(97 * p + 13 * i) % 150_000 + 100 for i in range(2000)] for p in range(320)]
     t = threading.Thread(target=lambda: big.append(srv.post("/v1/completions", {
-        "prompt": [[5] * 2000] * 320, "max_tokens": 1})[:2]))
+        "prompt": prompts, "max_tokens": 16})[:2]))
     t.start()
     time.sleep(1.0)
+    t0 = time.time()
     small = [srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 1}, timeout=600)[0] for _ in range(20)]
+    out_small_seconds = round(time.time() - t0, 1)
     t.join()
-    out["320_prompts_then_20_small"] = {"big": big, "small_statuses": {str(c): small.count(c) for c in set(small)}}
+    out["320_prompts_then_20_small"] = {"big": big, "small_statuses": {str(c): small.count(c) for c in set(small)},
+                                        "seconds_for_the_20": out_small_seconds}
     srv.stop()
     print(json.dumps(out), flush=True)
 

@@ -154,7 +154,7 @@ pub fn lark_levels(grammar: &str) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;

@@ -250,6 +250,7 @@ pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::structured::bounds::tests::{ref_chain, rule_chain};
     use crate::structured::GrammarState;
 
     /// Qwen's padded vocabulary and its two EOS ids.
@@ -309,25 +310,6 @@ pub(crate) mod tests {
             Err(GrammarError::Invalid(m)) => assert!(m.contains("too big"), "{m}"),
             other => panic!("{:?}", other.map(|_| ())),
         }
-    }
-
-    /// `start: r0`, `r{i}: r{i+1} | "x"`, …: the chain that overflowed a 2 MiB stack at ~800.
-    fn rule_chain(n: usize) -> String {
-        let mut g = String::from("start: r0\n");
-        for i in 0..n {
-            g.push_str(&format!("r{i}: r{} | \"x\"\n", i + 1));
-        }
-        g + &format!("r{n}: \"end\"\n")
-    }
-
-    /// `$defs` d0 … dn, each a reference to the next.
-    fn ref_chain(n: usize) -> serde_json::Value {
-        let mut defs = serde_json::Map::new();
-        for i in 0..n {
-            defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
-        }
-        defs.insert(format!("d{n}"), json!({"type": "string"}));
-        json!({"$defs": defs, "$ref": "#/$defs/d0"})
     }
 
     #[test]
