@@ -2,8 +2,8 @@
 //!
 //! The levels are ordered, each including everything below it, so a kernel takes its widest path
 //! at or below [`Isa::detected`], and a test forces a lower path by passing a lower level.
-//! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`/`native`) caps the level below what
-//! the CPU has, to measure or work around a path. Every level gives the same bits but one:
+//! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`, `amx`/`native`) caps the level below
+//! what the CPU has, to measure or work around a path (`avx512bf16` turns AMX off). Every level gives the same bits but one:
 //! [`Isa::Avx512Bf16`] allows bf16 weights to be computed in bf16 dot products (activations
 //! rounded to bf16); below it they are always computed in exact f32 products.
 
@@ -24,6 +24,10 @@ pub enum Isa {
     /// AVX-512 BF16 (`vdpbf16ps`): bf16 dot products. Every CPU that has it has VNNI too, and
     /// it is counted only with VNNI.
     Avx512Bf16,
+    /// Intel AMX tiles (`tdpbsud`), usable by this process (the kernel granted the tile state;
+    /// see [`super::amx`]), on top of AVX-512 BF16 (every AMX CPU has it). The int8 matmul of two
+    /// or more rows runs on them, with the same bits as every other path.
+    Amx,
 }
 
 impl Isa {
@@ -33,7 +37,7 @@ impl Isa {
     pub fn detected() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
-            let cap = std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(Isa::Avx512Bf16);
+            let cap = std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(Isa::Amx);
             Isa::of_cpu().min(cap)
         })
     }
@@ -66,8 +70,10 @@ impl Isa {
                 Isa::Avx512
             } else if !has!("avx512bf16") {
                 Isa::Avx512Vnni
-            } else {
+            } else if !matches!(super::amx::status(), super::amx::AmxStatus::Usable { .. }) {
                 Isa::Avx512Bf16
+            } else {
+                Isa::Amx
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -85,8 +91,11 @@ impl std::str::FromStr for Isa {
             "scalar" => Ok(Isa::Scalar),
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512Vnni),
-            "avx512bf16" | "native" | "" => Ok(Isa::Avx512Bf16),
-            other => Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512 or avx512bf16)")),
+            "avx512bf16" => Ok(Isa::Avx512Bf16),
+            "amx" | "native" | "" => Ok(Isa::Amx),
+            other => {
+                Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512, avx512bf16 or amx)"))
+            }
         }
     }
 }
@@ -99,11 +108,12 @@ mod tests {
     fn cap_parses_and_levels_order() {
         assert_eq!("AVX2".parse::<Isa>(), Ok(Isa::Avx2));
         assert_eq!("scalar".parse::<Isa>(), Ok(Isa::Scalar));
-        assert_eq!("native".parse::<Isa>(), Ok(Isa::Avx512Bf16));
+        assert_eq!("native".parse::<Isa>(), Ok(Isa::Amx));
+        assert_eq!("avx512bf16".parse::<Isa>(), Ok(Isa::Avx512Bf16), "avx512bf16 turns AMX off");
         assert_eq!("avx512".parse::<Isa>(), Ok(Isa::Avx512Vnni), "avx512 keeps VNNI, drops BF16");
         assert!("sse9".parse::<Isa>().unwrap_err().contains("sse9"));
         assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512 && Isa::Avx512 < Isa::Avx512Vnni);
-        assert!(Isa::Avx512Vnni < Isa::Avx512Bf16);
+        assert!(Isa::Avx512Vnni < Isa::Avx512Bf16 && Isa::Avx512Bf16 < Isa::Amx);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use std::mem::MaybeUninit;
 use super::huge_buf::HugeBuf;
 use super::{as_uninit, by_panel_stripes_many, pool, Isa};
 
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -350,8 +351,8 @@ fn offset_terms(sum: &[i32], half: &[i32]) -> Vec<[i32; 4]> {
 
 fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni {
-        // SAFETY: `path` only gives `Avx512Vnni` where AVX-512F/BW/VNNI are available.
+    if matches!(isa, Isa::Avx512Vnni | Isa::Amx) {
+        // SAFETY: `path` only gives `Avx512Vnni` or `Amx` where AVX-512F/BW/VNNI are available.
         return unsafe { x86::quantize_row(x) };
     }
     let _ = isa;
@@ -387,9 +388,11 @@ fn quantize_row_scalar(x: &[f32]) -> QuantRow {
 }
 
 /// The path this kernel takes on `isa` (one the CPU lacks gives the scalar path: same bits):
-/// VNNI, else AVX2 (on AVX-512 without VNNI too), else scalar.
+/// AMX tiles for two or more rows (VNNI for one), VNNI, else AVX2 (on AVX-512 without VNNI too),
+/// else scalar.
 fn path(isa: Isa) -> Isa {
     match isa.or_scalar() {
+        Isa::Amx => Isa::Amx,
         Isa::Avx512Vnni | Isa::Avx512Bf16 => Isa::Avx512Vnni,
         Isa::Avx2 | Isa::Avx512 => Isa::Avx2,
         Isa::Scalar => Isa::Scalar,
@@ -431,6 +434,11 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
         return;
     }
     let rows = quantize_rows(isa, x, m, inp);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && m >= 2 {
+        return amx::run(&hardware_tiles, &rows, ws, ys);
+    }
+    let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
     let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let w = ws[j];
@@ -466,6 +474,11 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
     assert_eq!(y.len(), m * out, "gated matmul output length");
     assert_eq!(x.len(), m * inp, "gated matmul input length");
     let rows = quantize_rows(isa, x, m, inp);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && m >= 2 {
+        return amx::gated(&hardware_tiles, &rows, gate, up, y);
+    }
+    let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
     by_panel_stripes_many(m, &[out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
@@ -486,6 +499,43 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
     });
 }
 
+/// A task's AMX tiles. `path` gives [`Isa::Amx`] only where the tiles are usable, so this
+/// cannot fail; were it to, the emulation gives the same bits (slowly).
+#[cfg(target_arch = "x86_64")]
+fn hardware_tiles() -> AmxTiles {
+    match super::amx::HardwareTiles::new() {
+        Some(t) => AmxTiles::Hardware(t),
+        None => AmxTiles::Emulated(super::amx::EmulatedTiles::default()),
+    }
+}
+
+/// The tiles a task computes on.
+#[cfg(target_arch = "x86_64")]
+enum AmxTiles {
+    Hardware(super::amx::HardwareTiles),
+    Emulated(super::amx::EmulatedTiles),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::amx::Int8Tiles for AmxTiles {
+    fn configure(&mut self, m: usize) {
+        match self {
+            AmxTiles::Hardware(t) => t.configure(m),
+            AmxTiles::Emulated(t) => t.configure(m),
+        }
+    }
+
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; 16]) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match self {
+                AmxTiles::Hardware(t) => t.dot(a, stride, b, k, c),
+                AmxTiles::Emulated(t) => t.dot(a, stride, b, k, c),
+            }
+        }
+    }
+}
+
 /// Each row of `x` `[m][inp]` quantized to int8 blocks. Rows are independent; a prompt's worth
 /// is worth splitting across the threads.
 fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
@@ -502,6 +552,10 @@ fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
 
 fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     match isa {
+        // One row (decode): VNNI is faster than a tile of one row.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AMX CPUs have AVX-512 F/BW/VNNI; the rest as below.
+        Isa::Amx => unsafe { x86::tile_vnni(w.format, rows, panel, nb, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `path` only gives an ISA this CPU has; `panel` holds `nb` blocks of this
         // format and every row `nb · 32` values.
@@ -525,43 +579,50 @@ fn read_f16(b: &[u8], at: usize) -> f32 {
 /// The integer-to-float conversions and the products of a 6- or 8-bit integer with an f16 are
 /// exact; the SIMD paths perform the same roundings in the same order.
 fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
-    let (f, vals) = (w.format, w.format.values());
     for (r, row) in rows.iter().enumerate() {
         for b in 0..nb {
-            let (base, head) = (f.block_at(b), f.header_at(b));
-            let (sum, half, dx) = (row.sum[b], row.half[b], row.d[b]);
             for c in 0..COLS {
                 let mut isum = [0i32; 2];
                 for k in 0..QK {
-                    isum[k / 16] += row.q[b * QK + k] as i32 * w.stored(panel, base, entry(k, c));
+                    isum[k / 16] += row.q[b * QK + k] as i32 * w.stored(panel, w.format.block_at(b), entry(k, c));
                 }
-                let a = &mut acc[r][c];
-                let (m0, m1) = (panel[base + vals + c], panel[base + vals + COLS + c]);
-                match f {
-                    Format::Q8_0 | Format::Q4_0 => {
-                        let e = isum[0] + isum[1] - f.offset() * sum;
-                        *a = (e as f32).mul_add(read_f16(panel, base + vals + 2 * c) * dx, *a);
-                    }
-                    Format::Q4_K => {
-                        let (d, dmin) = (read_f16(panel, head + 2 * c), read_f16(panel, head + 2 * COLS + 2 * c));
-                        *a = ((isum[0] + isum[1]) as f32).mul_add((m0 as f32 * d) * dx, *a);
-                        *a = (m1 as f32 * -dmin).mul_add(dx * sum as f32, *a);
-                    }
-                    Format::Q6_K => {
-                        let d = read_f16(panel, head + 2 * c);
-                        let e0 = isum[0] - 32 * half;
-                        *a = (e0 as f32).mul_add((m0 as i8 as f32 * d) * dx, *a);
-                        let e1 = isum[1] - 32 * (sum - half);
-                        *a = (e1 as f32).mul_add((m1 as i8 as f32 * d) * dx, *a);
-                    }
-                }
+                fold(w.format, panel, b, c, isum, row, &mut acc[r][c]);
             }
         }
     }
 }
 
+/// Folds block `b`'s exact integer sums for column `c` of one row (`isum`: over its first and
+/// second 16 inputs; only Q6_K needs them apart) into the row's f32 accumulator `a`: the fixed
+/// sequence of roundings [`tile_scalar`] documents, shared by every path that computes the sums
+/// some other way (the AMX tiles).
+#[inline(always)]
+fn fold(f: Format, panel: &[u8], b: usize, c: usize, isum: [i32; 2], row: &QuantRow, a: &mut f32) {
+    let (base, head, vals) = (f.block_at(b), f.header_at(b), f.values());
+    let (sum, half, dx) = (row.sum[b], row.half[b], row.d[b]);
+    let (m0, m1) = (panel[base + vals + c], panel[base + vals + COLS + c]);
+    match f {
+        Format::Q8_0 | Format::Q4_0 => {
+            let e = isum[0] + isum[1] - f.offset() * sum;
+            *a = (e as f32).mul_add(read_f16(panel, base + vals + 2 * c) * dx, *a);
+        }
+        Format::Q4_K => {
+            let (d, dmin) = (read_f16(panel, head + 2 * c), read_f16(panel, head + 2 * COLS + 2 * c));
+            *a = ((isum[0] + isum[1]) as f32).mul_add((m0 as f32 * d) * dx, *a);
+            *a = (m1 as f32 * -dmin).mul_add(dx * sum as f32, *a);
+        }
+        Format::Q6_K => {
+            let d = read_f16(panel, head + 2 * c);
+            let e0 = isum[0] - 32 * half;
+            *a = (e0 as f32).mul_add((m0 as i8 as f32 * d) * dx, *a);
+            let e1 = isum[1] - 32 * (sum - half);
+            *a = (e1 as f32).mul_add((m1 as i8 as f32 * d) * dx, *a);
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
@@ -635,6 +696,16 @@ mod tests {
         raw
     }
 
+    /// A packed matrix of random blocks (for other modules' tests).
+    pub(super) fn random_packed(format: Format, out: usize, inp: usize, seed: u32) -> PackedQ8 {
+        PackedQ8::from_ggml(format, &random_blocks(format, out, inp, seed), out, inp).unwrap()
+    }
+
+    /// Random activations in [-1, 1).
+    pub(super) fn random_x(n: usize, seed: u32) -> Vec<f32> {
+        data(n, seed)
+    }
+
     /// candle's dequantization of the same bytes: an independent reading of the format.
     fn dequantized(format: Format, raw: &[u8], out: usize, inp: usize) -> Vec<f32> {
         let q = QTensor::quantize(
@@ -653,8 +724,9 @@ mod tests {
         q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    /// The kernel's three paths.
-    const ISAS: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+    /// The kernel's paths (AMX, for two or more rows, only where the CPU has the tiles; its
+    /// emulation runs everywhere, in `amx`'s tests).
+    const ISAS: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
 
     /// Every path gives the scalar path's bits, and the scalar path is the f64 product of the
     /// dequantized weight (read by candle) with the quantized activations, to f32 rounding.

@@ -1,6 +1,7 @@
 //! flint's own CPU kernels for the hot path, each bit-for-bit independent of batch composition
 //! (see each module for how) and tested against a plain reference.
 
+pub mod amx;
 pub mod argmax;
 pub mod attention;
 pub mod huge_buf;
@@ -13,6 +14,16 @@ pub mod pool;
 pub mod rowwise;
 
 pub use isa::Isa;
+
+/// The start-up line about the CPU paths: the instruction-set level the kernels use and what
+/// became of AMX (absent, refused by the kernel, in use, or capped off by `FLINT_CPU_ISA`).
+pub fn describe() -> String {
+    let isa = Isa::detected();
+    let amx = amx::status();
+    let capped = matches!(amx, amx::AmxStatus::Usable { .. }) && isa < Isa::Amx;
+    let amx = if capped { "AMX capped off by FLINT_CPU_ISA" } else { amx.describe() };
+    format!("CPU kernels: {isa:?} ({amx})")
+}
 
 use std::mem::MaybeUninit;
 

@@ -1,0 +1,267 @@
+//! Intel AMX (Advanced Matrix Extensions): whether this process may use the tiles, and the one
+//! tile operation the int8 matmul needs, `C[m][16] = A[m][K] · B` (`tdpbsud`: signed int8
+//! activations times unsigned int8 weights in the VNNI layout, exact int32 sums), in two
+//! implementations with the same results: the hardware's, and an emulation that runs anywhere.
+//! The kernels drive both through [`Int8Tiles`], so everything but the instructions themselves
+//! (layouts, unpacking, block order, the f32 fold) is tested on every CPU.
+//!
+//! **Permission.** Linux (≥ 5.16) hands out the 8 KiB of tile state per process on request:
+//! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` before the first tile instruction,
+//! which would otherwise kill the process. [`status`] asks once; refused, AMX is off.
+//!
+//! **Stable Rust.** The AMX intrinsics are nightly-only, so the instructions are written with
+//! `asm!`, the tile registers named as clobbers (stable supports `tmm0`–`tmm7` only so); the
+//! 64-byte tile configuration is a plain aligned struct loaded by `ldtilecfg`.
+
+use std::sync::OnceLock;
+
+/// What this process found out about AMX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmxStatus {
+    /// The CPU (or the hypervisor in front of it) reports no AMX-TILE / AMX-INT8 / AMX-BF16, or
+    /// the OS does not save tile state (XCR0 bits 17–18).
+    Absent,
+    /// The CPU has it and the OS saves it, but the kernel refused this process the tile state.
+    Refused,
+    /// Tiles may be used: AMX-INT8, and AMX-BF16 where `bf16` says so.
+    Usable { bf16: bool },
+}
+
+impl AmxStatus {
+    /// One line for the start-up banner.
+    pub fn describe(self) -> &'static str {
+        match self {
+            AmxStatus::Absent => "no AMX on this CPU",
+            AmxStatus::Refused => "AMX present but the kernel refused tile permission (arch_prctl): AMX off",
+            AmxStatus::Usable { bf16: true } => "AMX-INT8 and AMX-BF16 tiles in use",
+            AmxStatus::Usable { bf16: false } => "AMX-INT8 tiles in use",
+        }
+    }
+}
+
+/// AMX as this process may use it, found out (and permission asked) on the first call.
+pub fn status() -> AmxStatus {
+    static STATUS: OnceLock<AmxStatus> = OnceLock::new();
+    *STATUS.get_or_init(detect)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> AmxStatus {
+    use std::arch::x86_64::{__cpuid_count, _xgetbv};
+    // Leaf 7 is read only when leaf 0 reports it.
+    if __cpuid_count(0, 0).eax < 7 {
+        return AmxStatus::Absent;
+    }
+    let (edx7, ecx1) = (__cpuid_count(7, 0).edx, __cpuid_count(1, 0).ecx);
+    let (bf16, tile, int8) = (edx7 >> 22 & 1 == 1, edx7 >> 24 & 1 == 1, edx7 >> 25 & 1 == 1);
+    // OSXSAVE (CPUID.1:ECX bit 27) makes XGETBV legal.
+    if !(tile && int8) || ecx1 >> 27 & 1 == 0 {
+        return AmxStatus::Absent;
+    }
+    // SAFETY: OSXSAVE is set, so XGETBV with ECX = 0 (XCR0) is allowed.
+    let xcr0 = unsafe { _xgetbv(0) };
+    if xcr0 >> 17 & 3 != 3 {
+        return AmxStatus::Absent;
+    }
+    if !request_permission() {
+        return AmxStatus::Refused;
+    }
+    AmxStatus::Usable { bf16 }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> AmxStatus {
+    AmxStatus::Absent
+}
+
+/// Ask Linux for the tile data state (once per process; threads inherit it).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's permitted xsave
+    // features; it reads and writes no memory of ours.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+/// Elsewhere the OS either enables tiles for every process or not at all; XCR0 said it does.
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_permission() -> bool {
+    true
+}
+
+/// Bytes of a B tile row: 16 columns × 4 inputs.
+pub const B_ROW: usize = 64;
+/// Rows of A (and of C) a tile holds at most.
+pub const MAX_ROWS: usize = 16;
+
+/// `C = A · B` over one K-slice, `K` = 16 or 32 inputs: `A` is `m` rows of `k` signed bytes,
+/// `stride` bytes apart; `B` is `k / 4` rows of [`B_ROW`] unsigned bytes (input group `g`, column
+/// `c`, input `i` of the group at `g·64 + c·4 + i`); `C[r][c] = Σ A[r][j] · B(j, c)` exactly.
+pub trait Int8Tiles {
+    /// Prepare for `m` rows (1..=16) of K-slices of 32 and of 16 inputs.
+    fn configure(&mut self, m: usize);
+    /// `c[..m] = A · B` over `k` (32 or 16) inputs.
+    ///
+    /// # Safety
+    /// `a` points at `m` rows of `k` readable bytes, `stride` apart; `b` at `k / 4 · 64`
+    /// readable bytes; `m` is the configured count.
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]);
+}
+
+/// The reference: the SDM's definition of `tdpbsud`, one integer product at a time.
+#[derive(Default)]
+pub struct EmulatedTiles {
+    m: usize,
+}
+
+impl Int8Tiles for EmulatedTiles {
+    fn configure(&mut self, m: usize) {
+        self.m = m;
+    }
+
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]) {
+        for (r, row) in c.iter_mut().enumerate().take(self.m) {
+            // SAFETY: the caller's contract: `m` rows of `k` bytes, `stride` apart.
+            let a = unsafe { std::slice::from_raw_parts(a.add(r * stride), k) };
+            // SAFETY: the caller's contract: `k / 4` rows of 64 bytes.
+            let b = unsafe { std::slice::from_raw_parts(b, k / 4 * B_ROW) };
+            for (col, out) in row.iter_mut().enumerate() {
+                *out = (0..k).map(|j| a[j] as i32 * b[(j / 4) * B_ROW + col * 4 + j % 4] as i32).sum();
+            }
+        }
+    }
+}
+
+/// The hardware: `tdpbsud` on tiles 0–2 (K = 32) and 3–5 (K = 16).
+#[cfg(target_arch = "x86_64")]
+pub struct HardwareTiles {
+    cfg: TileConfig,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// `ldtilecfg`'s operand: palette 1, per tile its bytes per row and its rows; everything else 0.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl HardwareTiles {
+    /// `None` unless [`status`] says the tiles are usable. Tile state belongs to the thread:
+    /// create one per task (it is not `Send`), and drop it to release the tiles.
+    pub fn new() -> Option<Self> {
+        matches!(status(), AmxStatus::Usable { .. }).then(|| Self {
+            cfg: TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] },
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for HardwareTiles {
+    fn drop(&mut self) {
+        // SAFETY: `new` checked AMX is usable; tilerelease returns the tiles to their init state.
+        unsafe {
+            std::arch::asm!("tilerelease", out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _, out("tmm4") _, out("tmm5") _, options(nostack))
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Int8Tiles for HardwareTiles {
+    fn configure(&mut self, m: usize) {
+        let m = m.clamp(1, MAX_ROWS) as u8;
+        let c = &mut self.cfg;
+        // tmm0/tmm3: A (K = 32 / 16 bytes per row); tmm1/tmm4: B (8 / 4 rows of 64 bytes);
+        // tmm2/tmm5: C (m rows of 16 int32).
+        (c.rows[0], c.colsb[0], c.rows[1], c.colsb[1], c.rows[2], c.colsb[2]) = (m, 32, 8, 64, m, 64);
+        (c.rows[3], c.colsb[3], c.rows[4], c.colsb[4], c.rows[5], c.colsb[5]) = (m, 16, 4, 64, m, 64);
+        // SAFETY: `new` checked AMX is usable and permitted; the configuration is 64-byte
+        // aligned, palette 1, within palette 1's limits (16 rows, 64 bytes), reserved bytes 0.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{0}]", in(reg) &self.cfg as *const TileConfig, options(nostack, readonly))
+        }
+    }
+
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]) {
+        let out = c.as_mut_ptr().cast::<i32>();
+        // SAFETY: the caller's contract gives readable A and B; C has room for 16 rows of 64
+        // bytes; the tiles were configured for these shapes by `configure`.
+        unsafe {
+            if k == 32 {
+                std::arch::asm!(
+                    "tilezero tmm2",
+                    "tileloadd tmm0, [{a} + {sa} * 1]",
+                    "tileloadd tmm1, [{b} + {sb} * 1]",
+                    "tdpbsud tmm2, tmm0, tmm1",
+                    "tilestored [{c} + {sc} * 1], tmm2",
+                    a = in(reg) a, sa = in(reg) stride, b = in(reg) b, sb = in(reg) B_ROW,
+                    c = in(reg) out, sc = in(reg) 64usize,
+                    out("tmm0") _, out("tmm1") _, out("tmm2") _, options(nostack),
+                );
+            } else {
+                std::arch::asm!(
+                    "tilezero tmm5",
+                    "tileloadd tmm3, [{a} + {sa} * 1]",
+                    "tileloadd tmm4, [{b} + {sb} * 1]",
+                    "tdpbsud tmm5, tmm3, tmm4",
+                    "tilestored [{c} + {sc} * 1], tmm5",
+                    a = in(reg) a, sa = in(reg) stride, b = in(reg) b, sb = in(reg) B_ROW,
+                    c = in(reg) out, sc = in(reg) 64usize,
+                    out("tmm3") _, out("tmm4") _, out("tmm5") _, options(nostack),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The emulation against a plain matrix product over the layout it documents.
+    #[test]
+    fn emulated_dot_is_the_matrix_product() {
+        let mut seed = 0x9e37_79b9u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for (m, k) in [(1, 32), (16, 32), (5, 16), (16, 16)] {
+            let stride = k + 7;
+            let a: Vec<i8> = (0..m * stride).map(|_| next() as i8).collect();
+            let b: Vec<u8> = (0..k / 4 * B_ROW).map(|_| next() as u8).collect();
+            let mut t = EmulatedTiles::default();
+            t.configure(m);
+            let mut c = [[7i32; 16]; MAX_ROWS];
+            // SAFETY: `a` holds m rows of `stride` ≥ k bytes, `b` k/4 rows of 64.
+            unsafe { t.dot(a.as_ptr(), stride, b.as_ptr(), k, &mut c) };
+            for r in 0..m {
+                for col in 0..16 {
+                    let want: i32 =
+                        (0..k).map(|j| a[r * stride + j] as i32 * b[j / 4 * 64 + col * 4 + j % 4] as i32).sum();
+                    assert_eq!(c[r][col], want, "m {m} k {k} row {r} col {col}");
+                }
+            }
+            assert!(c[m..].iter().all(|row| row == &[7; 16]), "rows past m are not written");
+        }
+    }
+
+    #[test]
+    fn status_is_consistent_with_the_cpu() {
+        let s = status();
+        assert!(!s.describe().is_empty());
+        #[cfg(target_arch = "x86_64")]
+        if s == AmxStatus::Absent {
+            assert!(HardwareTiles::new().is_none());
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The int8 matmul on AMX tiles, for two or more rows (prefill chunks, decode batches, draft
+//! verification; one row stays on VNNI, which is faster for it).
+//!
+//! The packed weight needs no second copy: a panel block's values are already laid out
+//! `[8 groups of 4 inputs][16 columns][4]`, which is `tdpbsud`'s B operand (8 rows of 64 bytes)
+//! for Q8_0 as stored; the nibble formats are unpacked into that layout per block (Q4_0, Q4_K:
+//! low nibbles are groups 0–3, high nibbles groups 4–7; Q6_K adds its top two bits), 512 bytes
+//! that then serve 16 rows. The activations are the rows quantized as for VNNI, copied once into
+//! one `[m][in]` array for the A tiles.
+//!
+//! Per panel block the tile computes the exact integer sums of up to 16 rows × 16 columns
+//! (Q6_K: of each 16-input half, its scales cover 16 inputs), and [`fold`](super::fold) folds them
+//! in block order with the same f32 operations as every other path: the same bits as scalar, VNNI
+//! and AVX2, for any number of rows and any grouping of them.
+
+use std::mem::MaybeUninit;
+
+use super::{by_panel_stripes_many, fold, Format, PackedQ8, QuantRow, COLS, QK};
+use crate::kernels::amx::{Int8Tiles, MAX_ROWS};
+use crate::kernels::Stripe;
+
+/// A block's B operand: 8 rows of 64 bytes.
+const B_BYTES: usize = 8 * 64;
+
+/// The rows' quantized values, one after another (`[m][in]`): the A tiles read them with a
+/// stride of `in` bytes.
+fn contiguous(rows: &[QuantRow]) -> Vec<i8> {
+    rows.iter().flat_map(|r| r.q.iter().copied()).collect()
+}
+
+/// Panel block `b`'s weights as `tdpbsud` reads them: stored values in the VNNI layout.
+fn b_operand<'a>(w: &PackedQ8, panel: &'a [u8], b: usize, scratch: &'a mut [u8; B_BYTES]) -> &'a [u8] {
+    let base = w.format.block_at(b);
+    if w.format == Format::Q8_0 {
+        return &panel[base..base + B_BYTES];
+    }
+    unpack(w, panel, base, scratch);
+    scratch
+}
+
+/// The nibble formats' values of the block at `base`, unpacked to a byte each.
+fn unpack(w: &PackedQ8, panel: &[u8], base: usize, out: &mut [u8; B_BYTES]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx512.available() {
+        // SAFETY: AVX-512 F/BW are available; `panel` holds the block at `base` (the values
+        // and, for Q6_K, the 128 bytes of top bits after them).
+        unsafe { unpack_avx512(w.format, &panel[base..base + w.format.values()], out) };
+        return;
+    }
+    unpack_scalar(w, panel, base, out);
+}
+
+/// The reference unpacking: each layout entry as [`PackedQ8::stored`] reads it.
+fn unpack_scalar(w: &PackedQ8, panel: &[u8], base: usize, out: &mut [u8; B_BYTES]) {
+    for (e, o) in out.iter_mut().enumerate() {
+        *o = w.stored(panel, base, e) as u8;
+    }
+}
+
+/// 256 bytes of nibbles (entry `j` low, `j + 256` high), then for Q6_K 128 bytes of top bits
+/// (entry `e`'s at byte `(e / 256)·64 + e % 64`, shift `2·((e / 64) % 4)`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_avx512(format: Format, vals: &[u8], out: &mut [u8; B_BYTES]) {
+    use std::arch::x86_64::*;
+    let nib = _mm512_set1_epi8(0x0F);
+    for r in 0..4 {
+        // SAFETY: `vals` holds 256 bytes of nibbles; `out` 512 bytes.
+        unsafe {
+            let v = _mm512_loadu_si512(vals.as_ptr().add(r * 64).cast());
+            let mut lo = _mm512_and_si512(v, nib);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            if format == Format::Q6_K {
+                let three = _mm512_set1_epi8(3);
+                let h0 = _mm512_loadu_si512(vals.as_ptr().add(256).cast());
+                let h1 = _mm512_loadu_si512(vals.as_ptr().add(320).cast());
+                let shift = _mm_cvtsi32_si128(2 * r as i32);
+                let top = |h: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srl_epi16(h, shift), three));
+                lo = _mm512_or_si512(lo, top(h0));
+                hi = _mm512_or_si512(hi, top(h1));
+            }
+            _mm512_storeu_si512(out.as_mut_ptr().add(r * 64).cast(), lo);
+            _mm512_storeu_si512(out.as_mut_ptr().add(256 + r * 64).cast(), hi);
+        }
+    }
+}
+
+/// [`tile_generic`], compiled with FMA where the CPU has AVX-512 (every AMX CPU does): the
+/// fold's `mul_add`s are then instructions, not calls into libm.
+fn tile<T: Int8Tiles>(
+    t: &mut T,
+    w: &PackedQ8,
+    rows: &[QuantRow],
+    a: &[i8],
+    inp: usize,
+    panel: &[u8],
+    acc: &mut [[f32; COLS]; MAX_ROWS],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx512.available() {
+        // SAFETY: AVX-512 F/BW and FMA are available (every AVX-512 CPU has FMA).
+        return unsafe { tile_fma(t, w, rows, a, inp, panel, acc) };
+    }
+    tile_generic(t, w, rows, a, inp, panel, acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+unsafe fn tile_fma<T: Int8Tiles>(
+    t: &mut T,
+    w: &PackedQ8,
+    rows: &[QuantRow],
+    a: &[i8],
+    inp: usize,
+    panel: &[u8],
+    acc: &mut [[f32; COLS]; MAX_ROWS],
+) {
+    tile_generic(t, w, rows, a, inp, panel, acc)
+}
+
+/// Up to 16 rows (`rows`, whose values start at `a` with a stride of `inp`) of one panel:
+/// `acc[r][c]`, column `c` of the panel, for each row `r`.
+#[inline(always)]
+fn tile_generic<T: Int8Tiles>(
+    t: &mut T,
+    w: &PackedQ8,
+    rows: &[QuantRow],
+    a: &[i8],
+    inp: usize,
+    panel: &[u8],
+    acc: &mut [[f32; COLS]; MAX_ROWS],
+) {
+    let (m, f) = (rows.len(), w.format);
+    assert!(m <= MAX_ROWS && a.len() >= (m - 1) * inp + inp, "amx tile: rows and values");
+    let mut scratch = [0u8; B_BYTES];
+    let (mut lo, mut hi) = ([[0i32; 16]; MAX_ROWS], [[0i32; 16]; MAX_ROWS]);
+    for b in 0..inp / QK {
+        let bt = b_operand(w, panel, b, &mut scratch);
+        let ab = a[b * QK..].as_ptr();
+        // SAFETY: `a` holds `m` rows of `inp` values from `b · 32` on (checked above); `bt` is
+        // 8 rows of 64 bytes, whose first 4 are the first 16 inputs; `t` is configured for `m`.
+        unsafe {
+            if f == Format::Q6_K {
+                t.dot(ab, inp, bt.as_ptr(), 16, &mut lo);
+                t.dot(ab.add(16), inp, bt[256..].as_ptr(), 16, &mut hi);
+            } else {
+                t.dot(ab, inp, bt.as_ptr(), QK, &mut lo);
+            }
+        }
+        for (r, row) in rows.iter().enumerate() {
+            for c in 0..COLS {
+                let isum = if f == Format::Q6_K { [lo[r][c], hi[r][c]] } else { [lo[r][c], 0] };
+                fold(f, panel, b, c, isum, row, &mut acc[r][c]);
+            }
+        }
+    }
+}
+
+/// `ys[j] = x·ws[j]ᵀ` for rows already quantized (`rows`), on the tiles `new_tiles` makes (one
+/// per task: tile state is per thread).
+pub(super) fn run<T: Int8Tiles>(
+    new_tiles: &(impl Fn() -> T + Sync),
+    rows: &[QuantRow],
+    ws: &[&PackedQ8],
+    ys: &mut [&mut [MaybeUninit<f32>]],
+) {
+    let (m, inp) = (rows.len(), ws[0].inp);
+    let a = contiguous(rows);
+    let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
+    by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
+        let (w, mut t) = (ws[j], new_tiles());
+        let panel_bytes = w.format.panel_bytes(inp / QK);
+        for_row_groups(&mut t, m, |t, r0, r1| {
+            for p in p0..p1 {
+                let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+                let mut acc = [[0f32; COLS]; MAX_ROWS];
+                tile(t, w, &rows[r0..r1], &a[r0 * inp..r1 * inp], inp, panel, &mut acc);
+                put(stripe, r0, r1, p - p0, &acc);
+            }
+        });
+    });
+}
+
+/// `silu(x·gateᵀ) · (x·upᵀ)` for rows already quantized, as [`super::matmul_gated_uninit`].
+pub(super) fn gated<T: Int8Tiles>(
+    new_tiles: &(impl Fn() -> T + Sync),
+    rows: &[QuantRow],
+    gate: &PackedQ8,
+    up: &PackedQ8,
+    y: &mut [MaybeUninit<f32>],
+) {
+    let (m, inp) = (rows.len(), gate.inp);
+    let a = contiguous(rows);
+    let nb = inp / QK;
+    let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
+    by_panel_stripes_many(m, &[gate.out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
+        let mut t = new_tiles();
+        for_row_groups(&mut t, m, |t, r0, r1| {
+            for p in p0..p1 {
+                let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
+                let (mut g, mut u) = ([[0f32; COLS]; MAX_ROWS], [[0f32; COLS]; MAX_ROWS]);
+                let ar = &a[r0 * inp..r1 * inp];
+                tile(t, gate, &rows[r0..r1], ar, inp, gp, &mut g);
+                tile(t, up, &rows[r0..r1], ar, inp, upn, &mut u);
+                for (i, (g, u)) in g.iter().zip(&u).enumerate().take(r1 - r0) {
+                    let mut o = [0f32; COLS];
+                    crate::kernels::rowwise::silu_mul_row(g, u, &mut o);
+                    stripe.put(r0 + i, p - p0, &o);
+                }
+            }
+        });
+    });
+}
+
+/// Groups of up to 16 rows, each with the tiles configured for its size.
+fn for_row_groups<T: Int8Tiles>(t: &mut T, m: usize, mut each: impl FnMut(&mut T, usize, usize)) {
+    for r0 in (0..m).step_by(MAX_ROWS) {
+        let r1 = (r0 + MAX_ROWS).min(m);
+        t.configure(r1 - r0);
+        each(t, r0, r1);
+    }
+}
+
+fn put(stripe: &mut Stripe, r0: usize, r1: usize, panel: usize, acc: &[[f32; COLS]; MAX_ROWS]) {
+    for (i, a) in acc.iter().enumerate().take(r1 - r0) {
+        stripe.put(r0 + i, panel, a);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::amx::EmulatedTiles;
+
+    #[test]
+    fn simd_unpacking_is_the_reference() {
+        if !crate::kernels::Isa::Avx512.available() {
+            return;
+        }
+        for (fi, format) in [Format::Q4_0, Format::Q4_K, Format::Q6_K].into_iter().enumerate() {
+            let w = super::super::tests::random_packed(format, 32, 512, 7 + fi as u32);
+            let panel_bytes = format.panel_bytes(512 / QK);
+            for p in 0..2 {
+                let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+                for b in 0..512 / QK {
+                    let (mut want, mut got) = ([0u8; B_BYTES], [0u8; B_BYTES]);
+                    unpack_scalar(&w, panel, format.block_at(b), &mut want);
+                    unpack(&w, panel, format.block_at(b), &mut got);
+                    assert_eq!(want, got, "{format:?} panel {p} block {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_tiles_give_the_scalar_bits() {
+        // Every format, row counts 1–67 (partial groups of 16 and ragged last panels), input
+        // widths of 1 to 17 blocks (odd counts: not a multiple of any tile's K), several
+        // matrices sharing one call, and the gated form.
+        let mut seed = 3u32;
+        for format in [Format::Q8_0, Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            let widths: &[usize] =
+                if matches!(format, Format::Q4_K | Format::Q6_K) { &[256, 768] } else { &[32, 96, 544] };
+            for &inp in widths {
+                for m in [1, 2, 3, 15, 16, 17, 33, 67] {
+                    seed += 1;
+                    let out = 16 * (1 + seed as usize % 3) + seed as usize % 7;
+                    let x = super::super::tests::random_x(m * inp, seed);
+                    let w1 = super::super::tests::random_packed(format, out, inp, seed);
+                    let w2 = super::super::tests::random_packed(format, out, inp, seed + 99);
+                    let mut want1 = vec![0f32; m * out];
+                    let mut want2 = vec![0f32; m * out];
+                    super::super::matmul_with(crate::kernels::Isa::Scalar, &x, m, &w1, &mut want1);
+                    super::super::matmul_with(crate::kernels::Isa::Scalar, &x, m, &w2, &mut want2);
+                    let rows = super::super::quantize_rows(crate::kernels::Isa::Scalar, &x, m, inp);
+                    let (mut y1, mut y2) = (vec![0f32; m * out], vec![0f32; m * out]);
+                    let mut ys = [crate::kernels::as_uninit(&mut y1), crate::kernels::as_uninit(&mut y2)];
+                    run(&EmulatedTiles::default, &rows, &[&w1, &w2], &mut ys);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&y1), bits(&want1), "{format:?} in {inp} out {out} rows {m}");
+                    assert_eq!(bits(&y2), bits(&want2), "{format:?} in {inp} out {out} rows {m}, second matrix");
+                    let mut want_g = vec![0f32; m * out];
+                    super::super::gated_with(
+                        crate::kernels::Isa::Scalar,
+                        &x,
+                        m,
+                        &w1,
+                        &w2,
+                        crate::kernels::as_uninit(&mut want_g),
+                    );
+                    let mut g = vec![0f32; m * out];
+                    gated(&EmulatedTiles::default, &rows, &w1, &w2, crate::kernels::as_uninit(&mut g));
+                    assert_eq!(bits(&g), bits(&want_g), "{format:?} gated, in {inp} out {out} rows {m}");
+                }
+            }
+        }
+    }
+}
