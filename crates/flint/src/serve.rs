@@ -147,12 +147,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let otlp = a.otlp_traces_endpoint.as_deref().map(|e| crate::telemetry::otlp_provider(e, "flint")).transpose()?;
     let _flush = otlp.map(FlushSpans);
     let dtype = parse_dtype(&a.dtype);
-    tracing::info!("{}", flint_model::kernels::describe());
     let (model, engine_cfg) = (a.model.clone(), a.engine.config()?);
     if !a.workers.is_empty() && a.engine.device.device != flint_model::device::DeviceSpec::Cpu {
         bail!("--device applies without --worker; give each worker its device (--worker device=cuda:0,...)");
     }
     let device = if a.workers.is_empty() { Some(a.engine.device.open()?) } else { None };
+    // After the arguments are known to be good: a refusal stays one line.
+    tracing::info!("{}", flint_model::kernels::describe());
     if !a.workers.is_empty() {
         let (specs, policy) = (a.workers.clone(), a.router);
         let load =
