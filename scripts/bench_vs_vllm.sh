@@ -6,6 +6,7 @@
 # Not in CI: the install is ~6 GB and ~5 minutes, vLLM's first start 2–4 minutes.
 #
 #   scripts/bench_vs_vllm.sh        # THREADS=2 SHAPE=qwen2.5-0.5b OUT=docs/benchmarks-vllm.md
+#   REPORT_ONLY=1 scripts/bench_vs_vllm.sh   # rewrite the report from the last run's raw results
 #
 # flint runs twice: as it starts by default (AMX where the CPU has it) and with
 # FLINT_CPU_ISA=avx512bf16 (AMX off), the same build in the same run; on a q8_0 GGUF of the same
@@ -26,8 +27,10 @@ VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 OUT=${OUT:-$ROOT/docs/benchmarks-vllm.md}
 FLINT_Q8=${FLINT_Q8:-1}
 VENV=$WORK/venv
+REPORT_ONLY=${REPORT_ONLY:-0}
 mkdir -p "$WORK/raw" "$WORK/models"
 
+if [ "$REPORT_ONLY" != 1 ]; then
 if [ ! -x "$VENV/bin/vllm" ]; then
   echo "== installing vLLM's CPU build $VLLM_VERSION into $VENV" >&2
   python3 -m venv "$VENV"
@@ -124,8 +127,11 @@ run_flint() { # label, model, env...
 }
 run_flint flint-bf16 "$MODEL"
 run_flint flint-bf16-no-amx "$MODEL" FLINT_CPU_ISA=avx512bf16
-[ "$FLINT_Q8" = 1 ] && run_flint flint-q8_0 "$GGUF/model-q8_0.gguf"
-[ "$FLINT_Q8" = 1 ] && run_flint flint-q8_0-no-amx "$GGUF/model-q8_0.gguf" FLINT_CPU_ISA=avx512bf16
+if [ "$FLINT_Q8" = 1 ]; then
+  run_flint flint-q8_0 "$GGUF/model-q8_0.gguf"
+  run_flint flint-q8_0-no-amx "$GGUF/model-q8_0.gguf" FLINT_CPU_ISA=avx512bf16
+fi
+fi
 
 python3 - "$WORK/raw" "$OUT" "$THREADS" "$SHAPE" "$VLLM_VERSION" <<'PY'
 import json, os, platform, subprocess, sys
@@ -133,7 +139,11 @@ raw, out, threads, shape, version = sys.argv[1:]
 labels = [l for l in ["vllm", "flint-bf16", "flint-bf16-no-amx", "flint-q8_0", "flint-q8_0-no-amx"]
           if os.path.exists(f"{raw}/{l}-c1.json")]
 r = {l: {c: json.load(open(f"{raw}/{l}-{c}.json")) for c in ("c1", "c16")} for l in labels}
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+info = {}
+for line in open("/proc/cpuinfo"):
+    k, _, v = line.partition(":")
+    info.setdefault(k.strip(), v.strip())
+cpu = f"{info.get('model name', platform.processor())} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
 flags = open("/proc/cpuinfo").read()
 amx = "yes" if " amx_tile" in flags else "no"
 banner = next((l.split("CPU kernels: ", 1)[1].strip() for l in open(f"{raw}/flint-bf16-serve.log") if "CPU kernels: " in l), "?")
@@ -158,8 +168,10 @@ random prompt tokens and 128 output tokens each (EOS ignored).
 |---|---:|---:|---:|---:|---:|---:|---:|
 """ + "\n".join(rows) + """
 
-`-no-amx` rows: the same flint build with `FLINT_CPU_ISA=avx512bf16`. Raw results (per-request
-timings) are under `target/vllm/raw/` of the run.
+`-no-amx` rows: the same flint build with `FLINT_CPU_ISA=avx512bf16`.""" + ("" if amx == "yes" else
+""" This CPU exposes no AMX, so they
+run the same path as the rows above them: the difference is the run-to-run noise.""") + """ Raw results
+(per-request timings) are under `target/vllm/raw/` of the run.
 """)
 print(open(out).read())
 PY
