@@ -85,51 +85,36 @@ unsafe fn unpack_avx512(format: Format, vals: &[u8], out: &mut [u8; B_BYTES]) {
     }
 }
 
+/// Up to 16 rows of one panel: `rows`, whose values start at `a` with a stride of `inp`.
+struct RowGroup<'a> {
+    w: &'a PackedQ8,
+    rows: &'a [QuantRow],
+    a: &'a [i8],
+    inp: usize,
+    panel: &'a [u8],
+}
+
 /// [`tile_generic`], compiled with FMA where the CPU has AVX-512 (every AMX CPU does): the
 /// fold's `mul_add`s are then instructions, not calls into libm.
-fn tile<T: Int8Tiles>(
-    t: &mut T,
-    w: &PackedQ8,
-    rows: &[QuantRow],
-    a: &[i8],
-    inp: usize,
-    panel: &[u8],
-    acc: &mut [[f32; COLS]; MAX_ROWS],
-) {
+fn tile<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::Isa::Avx512.available() {
         // SAFETY: AVX-512 F/BW and FMA are available (every AVX-512 CPU has FMA).
-        return unsafe { tile_fma(t, w, rows, a, inp, panel, acc) };
+        return unsafe { tile_fma(t, g, acc) };
     }
-    tile_generic(t, w, rows, a, inp, panel, acc)
+    tile_generic(t, g, acc)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,fma")]
-unsafe fn tile_fma<T: Int8Tiles>(
-    t: &mut T,
-    w: &PackedQ8,
-    rows: &[QuantRow],
-    a: &[i8],
-    inp: usize,
-    panel: &[u8],
-    acc: &mut [[f32; COLS]; MAX_ROWS],
-) {
-    tile_generic(t, w, rows, a, inp, panel, acc)
+unsafe fn tile_fma<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
+    tile_generic(t, g, acc)
 }
 
-/// Up to 16 rows (`rows`, whose values start at `a` with a stride of `inp`) of one panel:
-/// `acc[r][c]`, column `c` of the panel, for each row `r`.
+/// `acc[r][c]`: column `c` of the group's panel for its row `r`.
 #[inline(always)]
-fn tile_generic<T: Int8Tiles>(
-    t: &mut T,
-    w: &PackedQ8,
-    rows: &[QuantRow],
-    a: &[i8],
-    inp: usize,
-    panel: &[u8],
-    acc: &mut [[f32; COLS]; MAX_ROWS],
-) {
+fn tile_generic<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
+    let RowGroup { w, rows, a, inp, panel } = *g;
     let (m, f) = (rows.len(), w.format);
     assert!(m <= MAX_ROWS && a.len() >= (m - 1) * inp + inp, "amx tile: rows and values");
     let mut scratch = [0u8; B_BYTES];
@@ -174,7 +159,8 @@ pub(super) fn run<T: Int8Tiles>(
             for p in p0..p1 {
                 let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
                 let mut acc = [[0f32; COLS]; MAX_ROWS];
-                tile(t, w, &rows[r0..r1], &a[r0 * inp..r1 * inp], inp, panel, &mut acc);
+                let g = RowGroup { w, rows: &rows[r0..r1], a: &a[r0 * inp..r1 * inp], inp, panel };
+                tile(t, &g, &mut acc);
                 put(stripe, r0, r1, p - p0, &acc);
             }
         });
@@ -199,9 +185,9 @@ pub(super) fn gated<T: Int8Tiles>(
             for p in p0..p1 {
                 let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
                 let (mut g, mut u) = ([[0f32; COLS]; MAX_ROWS], [[0f32; COLS]; MAX_ROWS]);
-                let ar = &a[r0 * inp..r1 * inp];
-                tile(t, gate, &rows[r0..r1], ar, inp, gp, &mut g);
-                tile(t, up, &rows[r0..r1], ar, inp, upn, &mut u);
+                let (rs, ar) = (&rows[r0..r1], &a[r0 * inp..r1 * inp]);
+                tile(t, &RowGroup { w: gate, rows: rs, a: ar, inp, panel: gp }, &mut g);
+                tile(t, &RowGroup { w: up, rows: rs, a: ar, inp, panel: upn }, &mut u);
                 for (i, (g, u)) in g.iter().zip(&u).enumerate().take(r1 - r0) {
                     let mut o = [0f32; COLS];
                     crate::kernels::rowwise::silu_mul_row(g, u, &mut o);
