@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use flint_model::source::Checkpoint;
 use flint_model::synth::{synth, SynthOptions};
-use flint_model::Qwen2Model;
+use flint_model::DecoderModel;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::tokenizer::Tokenizer;
@@ -28,7 +28,7 @@ pub const DEMO_SHAPE: &str = "tiny";
 
 pub struct LoadedModel {
     /// Shared with the engine's model runner.
-    pub model: Arc<Qwen2Model>,
+    pub model: Arc<DecoderModel>,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
     /// Every id that ends generation (generation_config.json's list, then config.json's).
@@ -49,7 +49,7 @@ impl LoadedModel {
         let dtype = dtype.unwrap_or_else(|| if device.is_cpu() { auto_dtype(&ck) } else { auto_gpu_dtype(&ck) });
         // The tokenizer first: a missing one should not cost a full weight load to discover.
         let (tokenizer, chat_template) = tokenizer_and_template(&ck)?;
-        let model = Qwen2Model::load(&ck.config, &ck.weights, dtype, device)?;
+        let model = DecoderModel::load(&ck.config, &ck.weights, dtype, device)?;
         let mut eos_token_ids = ck.eos_token_ids().to_vec();
         let extra: Vec<u32> = if ck.gguf().is_some() {
             // GGUF stores a single eos id; like llama.cpp, also end on the end-of-turn and

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flint_model::{ForwardBatch, KvPool, LogitsRows, PagedKvCache, Qwen2Model};
+use flint_model::{DecoderModel, ForwardBatch, KvPool, LogitsRows, PagedKvCache};
 
 use crate::kv_manager::SeqId;
 use crate::scheduler::StepPlan;
@@ -59,7 +59,7 @@ pub struct DraftRequest {
 /// does; proposing writes the pending token and the proposals after it, so of the next step's
 /// verification chunk it only has the last token left to write.
 pub struct DraftModel {
-    pub model: Arc<Qwen2Model>,
+    pub model: Arc<DecoderModel>,
     pub cache: PagedKvCache,
     /// Ids the draft may propose (the tokenizer's, shared with the target).
     pub valid_vocab: usize,
@@ -68,7 +68,7 @@ pub struct DraftModel {
 /// Qwen2 over the paged KV cache (in host memory, or the GPU's when the model runs there), with a
 /// draft model when speculative decoding uses one.
 pub struct PagedModelRunner {
-    pub model: Arc<Qwen2Model>,
+    pub model: Arc<DecoderModel>,
     pub cache: KvPool,
     pub draft: Option<DraftModel>,
 }

@@ -18,7 +18,7 @@ use flint_engine::{
 use flint_model::kernels::matmul_f32::Bf16Compute;
 use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
-use flint_model::{DeviceKvCache, KvCacheDtype, KvPool, PagedKvCache, Qwen2Model};
+use flint_model::{DecoderModel, DeviceKvCache, KvCacheDtype, KvPool, PagedKvCache};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden/small-f32")
@@ -45,7 +45,7 @@ impl Setup {
 
     fn core(&self, dtype: KvCacheDtype, budget: usize, num_blocks: usize) -> EngineCore<PagedModelRunner> {
         let ck = Checkpoint::open(self.model_dir.to_str().unwrap()).unwrap();
-        let load = || Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let load = || DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
         let model = match self.bf16 {
             Some(c) => with_bf16_compute(c, load),
             None => load(),
@@ -193,6 +193,20 @@ fn bf16_dot_products_are_batch_invariant() {
     assert_ne!(dot, exact, "bf16 dot products gave the exact path's bits");
 }
 
+/// Every family beside Qwen2 (the golden fixtures of `scripts/golden_families.py`: Qwen3's head
+/// norms, Llama 3's scaled RoPE, Mistral's 64-token window, which the longer requests here
+/// cross) keeps the guarantee, with the f32 and the int8 cache.
+#[test]
+fn every_family_is_batch_invariant() {
+    for family in ["qwen3", "llama3", "mistral"] {
+        let setup = Setup { model_dir: fixture().join("../../families").join(family), ..Setup::new() };
+        eprintln!("{family}");
+        let f32 = invariant_for(&setup, KvCacheDtype::F32);
+        let int8 = invariant_for(&setup, KvCacheDtype::Int8);
+        assert_ne!(f32, int8, "{family}: int8 gave f32's exact bits");
+    }
+}
+
 /// The device KV pool under the same scheduling (batches, chunked prefill, preemption, prefix
 /// hits), through its ops' CPU reference here and the CUDA kernels on a GPU: batch-invariant, and
 /// the host pool's greedy tokens with logprobs within f32 summation order.
@@ -315,7 +329,7 @@ fn a_draft_model_changes_no_greedy_token_or_logprob() {
     let with_draft = |budget: usize| {
         let mut core = setup.core(KvCacheDtype::F32, budget, 512);
         let ck = Checkpoint::open(setup.model_dir.to_str().unwrap()).unwrap();
-        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::BF16, &Device::Cpu).unwrap();
+        let model = DecoderModel::load(&ck.config, &ck.weights, DType::BF16, &Device::Cpu).unwrap();
         let cache = PagedKvCache::new(&ck.config, KvCacheDtype::Bf16, 16, 512).unwrap();
         core.runner_mut().draft = Some(DraftModel { model: Arc::new(model), cache, valid_vocab: ck.config.vocab_size });
         core.set_speculative(Some(spec.clone()));

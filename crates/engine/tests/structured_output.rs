@@ -16,7 +16,7 @@ use flint_engine::{
     SpeculativeConfig,
 };
 use flint_model::source::Checkpoint;
-use flint_model::{KvCacheDtype, PagedKvCache, Qwen2Model};
+use flint_model::{DecoderModel, KvCacheDtype, PagedKvCache};
 use serde_json::{json, Value};
 
 const EOS: [u32; 2] = [151_645, 151_643];
@@ -26,7 +26,7 @@ fn fixture() -> PathBuf {
 }
 
 struct Setup {
-    model: Arc<Qwen2Model>,
+    model: Arc<DecoderModel>,
     ck: Checkpoint,
     tokenizer: Arc<Tokenizer>,
     grammars: GrammarCompiler,
@@ -35,7 +35,7 @@ struct Setup {
 impl Setup {
     fn new() -> Self {
         let ck = Checkpoint::open(fixture().to_str().unwrap()).unwrap();
-        let model = Arc::new(Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap());
+        let model = Arc::new(DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap());
         let tokenizer = Arc::new(Tokenizer::builtin_qwen().unwrap());
         let grammars = GrammarCompiler::new(tokenizer.clone(), ck.config.vocab_size, EOS.to_vec());
         Self { model, ck, tokenizer, grammars }

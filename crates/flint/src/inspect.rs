@@ -40,7 +40,15 @@ pub fn run(a: InspectArgs) -> Result<()> {
     };
     println!("model:           {spec}");
     println!("format:          {format}");
-    println!("architecture:    Qwen2ForCausalLM (qwen2)");
+    println!("architecture:    {} ({})", c.family.architecture(), c.family.model_type());
+    let mut switches = Vec::new();
+    if c.qkv_bias {
+        switches.push(if c.o_bias { "q/k/v/o bias" } else { "q/k/v bias" });
+    }
+    if c.qk_norm {
+        switches.push("q/k head norm");
+    }
+    println!("attention:       {}", if switches.is_empty() { "no bias".to_string() } else { switches.join(", ") });
     println!("layers:          {}", c.num_hidden_layers);
     println!("hidden size:     {}", c.hidden_size);
     println!(
@@ -60,6 +68,10 @@ pub fn run(a: InspectArgs) -> Result<()> {
         RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
             format!("yarn x{factor} (original context {original_max_position_embeddings})")
         }
+        RopeScaling::Llama3 { factor, original_max_position_embeddings, .. } => {
+            format!("llama3 x{factor} (original context {original_max_position_embeddings})")
+        }
+        RopeScaling::FreqFactors(f) => format!("per-frequency divisors (rope_freqs, {} entries)", f.len()),
     };
     println!("rope:            theta {}, scaling {rope}", c.rope.theta);
     let windows: Vec<usize> = c.sliding_window_layers.iter().flatten().copied().collect();

@@ -1,4 +1,7 @@
-//! `config.json` of a Qwen2 checkpoint, read the way real checkpoints write it.
+//! `config.json` of a Llama-like checkpoint (Qwen2, Qwen3, Llama, Mistral), read the way real
+//! checkpoints write it. The families differ in a few switches ([`Family`], the biases, the
+//! per-head q/k norm, the RoPE scaling kind, the sliding window), all normalised here so the
+//! forward pass (`decoder`) reads one [`ModelConfig`].
 //!
 //! Three RoPE layouts exist in the wild: top-level `rope_theta` + `rope_scaling` with `type`
 //! (most hub checkpoints), the same with `rope_type` (transformers ≥ 4.45), and transformers 5's
@@ -11,9 +14,82 @@ use std::path::Path;
 use crate::error::{ModelError, Result};
 use crate::gguf_scan::{shown, shown_up_to};
 
-/// Geometry and numerics of one Qwen2-architecture model, whatever file it came from.
+/// The architectures flint runs: one decoder, these switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Biased q/k/v, sliding window only with `use_sliding_window`.
+    Qwen2,
+    /// No biases (unless `attention_bias`), RMSNorm over each q and k head before RoPE,
+    /// `head_dim` from the config (128 when absent, as transformers' default).
+    Qwen3,
+    /// No biases (unless `attention_bias`), `llama3` RoPE scaling; no sliding window.
+    Llama,
+    /// Llama's layers with a sliding window over every layer when `sliding_window` is set.
+    Mistral,
+}
+
+impl Family {
+    pub const ALL: [Family; 4] = [Family::Qwen2, Family::Qwen3, Family::Llama, Family::Mistral];
+
+    /// The `architectures` entry of config.json.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+        }
+    }
+
+    /// config.json's `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+        }
+    }
+
+    /// GGUF's `general.architecture`: llama.cpp writes Mistral checkpoints as `llama`.
+    pub fn gguf_architecture(self) -> &'static str {
+        match self {
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Llama | Family::Mistral => "llama",
+        }
+    }
+
+    fn from_architecture(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.architecture() == name)
+    }
+
+    fn from_model_type(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.model_type() == name)
+    }
+
+    /// Whether llama.cpp's converter permuted the rows of `attn_q`/`attn_k` (interleaved RoPE
+    /// pairs instead of halves) when it wrote this family's GGUF.
+    pub fn gguf_permutes_qk(self) -> bool {
+        matches!(self, Family::Llama | Family::Mistral)
+    }
+}
+
+/// Every architecture flint accepts, for the error that refuses another.
+pub fn supported_architectures() -> String {
+    Family::ALL.map(Family::architecture).join(", ")
+}
+
+/// Geometry and numerics of one model, whatever file it came from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Qwen2Config {
+pub struct ModelConfig {
+    pub family: Family,
+    /// Biases on q_proj, k_proj and v_proj.
+    pub qkv_bias: bool,
+    /// A bias on o_proj (Llama and Qwen3 with `attention_bias: true`).
+    pub o_bias: bool,
+    /// Qwen3's RMSNorm over each query and key head (`q_norm`, `k_norm`) before RoPE.
+    pub qk_norm: bool,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -48,6 +124,15 @@ pub enum RopeScaling {
     Linear {
         factor: f64,
     },
+    /// Llama 3.1's: long wavelengths divided by `factor`, short ones kept, a smooth ramp between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    /// Per-frequency divisors as llama.cpp stores Llama 3's scaling in a GGUF (`rope_freqs`).
+    FreqFactors(Vec<f32>),
     /// YaRN as transformers computes it ("static": the same tables at every length).
     Yarn {
         factor: f64,
@@ -88,14 +173,24 @@ struct RawConfig {
     tie_word_embeddings: bool,
     #[serde(default)]
     use_sliding_window: bool,
-    sliding_window: Option<usize>,
+    /// `None` when absent, `Some(None)` when null: Mistral's default window applies only to the first.
+    #[serde(default, deserialize_with = "present")]
+    sliding_window: Option<Option<usize>>,
     max_window_layers: Option<usize>,
     layer_types: Option<Vec<String>>,
+    attention_bias: Option<bool>,
+    #[serde(default)]
+    mlp_bias: bool,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
     torch_dtype: Option<String>,
     dtype: Option<String>,
     hidden_act: Option<String>,
+}
+
+/// A key that is present (possibly null), as distinct from one that is absent.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 fn default_max_pos() -> usize {
@@ -105,10 +200,7 @@ fn default_eps() -> f64 {
     1e-6
 }
 
-/// Architectures whose forward pass is exactly Qwen2's.
-const SUPPORTED_ARCHITECTURES: &[&str] = &["Qwen2ForCausalLM"];
-
-impl Qwen2Config {
+impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         Self::from_json_str(&text).map_err(|e| e.in_file(path))
@@ -117,19 +209,29 @@ impl Qwen2Config {
     pub fn from_json_str(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("invalid config.json: {}", shown_up_to(&e.to_string(), 400))))?;
-        let arch_ok = raw.architectures.iter().any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
-            || (raw.architectures.is_empty() && raw.model_type.as_deref() == Some("qwen2"));
-        if !arch_ok {
-            let found = if raw.architectures.is_empty() {
-                format!("model_type \"{}\"", shown(&raw.model_type.unwrap_or_default()))
-            } else {
+        let family = match raw.architectures.iter().find_map(|a| Family::from_architecture(a)) {
+            Some(f) => f,
+            None if raw.architectures.is_empty() => {
+                raw.model_type.as_deref().and_then(Family::from_model_type).ok_or_else(|| {
+                    ModelError::UnsupportedArchitecture(format!(
+                        "model_type \"{}\"; flint supports {}",
+                        shown(raw.model_type.as_deref().unwrap_or_default()),
+                        supported_architectures()
+                    ))
+                })?
+            }
+            None => {
                 let names: Vec<String> =
                     raw.architectures.iter().take(8).map(|a| format!("\"{}\"", shown(a))).collect();
-                format!("architectures [{}]", names.join(", "))
-            };
-            return Err(ModelError::UnsupportedArchitecture(format!(
-                "{found}; flint supports {SUPPORTED_ARCHITECTURES:?}"
-            )));
+                return Err(ModelError::UnsupportedArchitecture(format!(
+                    "architectures [{}]; flint supports {}",
+                    names.join(", "),
+                    supported_architectures()
+                )));
+            }
+        };
+        if raw.mlp_bias {
+            return Err(ModelError::Config("mlp_bias true is not supported (no published Llama uses it)".into()));
         }
         if let Some(act) = raw.hidden_act.as_deref() {
             if act != "silu" {
@@ -154,7 +256,12 @@ impl Qwen2Config {
                 raw.num_attention_heads
             )));
         }
-        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
+        // transformers' Qwen3Config defaults head_dim to 128, not hidden / heads.
+        let default_head_dim = match family {
+            Family::Qwen3 => 128,
+            _ => raw.hidden_size / raw.num_attention_heads,
+        };
+        let head_dim = raw.head_dim.unwrap_or(default_head_dim);
         check_geometry(
             raw.num_hidden_layers,
             raw.hidden_size,
@@ -173,8 +280,13 @@ impl Qwen2Config {
         )?;
 
         let n = raw.num_hidden_layers;
-        let sliding_window_layers = sliding_layers(&raw, n)?;
+        let sliding_window_layers = sliding_layers(&raw, family, n)?;
+        let attention_bias = raw.attention_bias.unwrap_or(false);
         let cfg = Self {
+            family,
+            qkv_bias: family == Family::Qwen2 || (attention_bias && family != Family::Mistral),
+            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3),
+            qk_norm: family == Family::Qwen3,
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -223,6 +335,30 @@ impl Qwen2Config {
         match &self.rope.scaling {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } => positive("rope_scaling.factor", *factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                positive("rope_scaling.factor", *factor)?;
+                positive("rope_scaling.low_freq_factor", *low_freq_factor)?;
+                positive("rope_scaling.high_freq_factor", *high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling.high_freq_factor {high_freq_factor} must exceed low_freq_factor {low_freq_factor}"
+                    )));
+                }
+                positive("rope_scaling.original_max_position_embeddings", *original_max_position_embeddings as f64)
+            }
+            RopeScaling::FreqFactors(f) => {
+                if f.len() * 2 != self.head_dim {
+                    return Err(ModelError::Config(format!(
+                        "rope_freqs has {} entries for head_dim {}",
+                        f.len(),
+                        self.head_dim
+                    )));
+                }
+                match f.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                    Some(x) => Err(ModelError::Config(format!("rope_freqs entry {x} must be a finite number > 0"))),
+                    None => Ok(()),
+                }
+            }
             RopeScaling::Yarn { factor, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, .. } => {
                 positive("rope_scaling.factor", *factor)?;
                 finite("rope_scaling.beta_fast", Some(*beta_fast))?;
@@ -253,12 +389,19 @@ impl Qwen2Config {
     }
 }
 
-/// transformers' rule (Qwen2, 4.45+ and 5.x): a layer slides only when `use_sliding_window` is true,
-/// a window is given, and the layer index is at least `max_window_layers` — unless `layer_types`
-/// spells it out per layer.
-fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
+/// transformers' rules. Qwen2 and Qwen3 (4.45+ and 5.x): a layer slides only when
+/// `use_sliding_window` is true, a window is given, and the layer index is at least
+/// `max_window_layers`, unless `layer_types` spells it out per layer. Mistral: every layer
+/// slides when `sliding_window` is a number (Mistral 7B v0.1's 4096; later ones write null).
+/// Llama: no window.
+fn sliding_layers(raw: &RawConfig, family: Family, n: usize) -> Result<Vec<Option<usize>>> {
     // transformers' Qwen2Config defaults: sliding_window 4096, max_window_layers 28.
-    let window = if raw.use_sliding_window { Some(raw.sliding_window.unwrap_or(4096)) } else { None };
+    let window = match family {
+        Family::Qwen2 | Family::Qwen3 if raw.use_sliding_window => Some(raw.sliding_window.flatten().unwrap_or(4096)),
+        // transformers' MistralConfig: 4096 when the key is absent, none when it is null.
+        Family::Mistral => raw.sliding_window.unwrap_or(Some(4096)),
+        _ => None,
+    };
     let Some(window) = window else {
         return Ok(vec![None; n]);
     };
@@ -273,6 +416,9 @@ fn sliding_layers(raw: &RawConfig, n: usize) -> Result<Vec<Option<usize>>> {
             )));
         }
         return Ok(types.iter().map(|t| (t == "sliding_attention").then_some(window)).collect());
+    }
+    if family == Family::Mistral {
+        return Ok(vec![Some(window); n]);
     }
     let first = raw.max_window_layers.unwrap_or(28);
     Ok((0..n).map(|i| (i >= first).then_some(window)).collect())
@@ -362,9 +508,18 @@ fn parse_rope(
                     let factor = f("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
                     yarn(obj, factor, original)
                 }
+                "llama3" => RopeScaling::Llama3 {
+                    factor: need(f("factor"), "factor")?,
+                    low_freq_factor: need(f("low_freq_factor"), "low_freq_factor")?,
+                    high_freq_factor: need(f("high_freq_factor"), "high_freq_factor")?,
+                    original_max_position_embeddings: need(
+                        f("original_max_position_embeddings"),
+                        "original_max_position_embeddings",
+                    )? as usize,
+                },
                 other => {
                     return Err(ModelError::Config(format!(
-                        "rope_scaling type \"{}\" is not supported (supported: default, linear, yarn)",
+                        "rope_scaling type \"{}\" is not supported (supported: default, linear, yarn, llama3)",
                         shown(other)
                     )))
                 }
@@ -444,8 +599,8 @@ mod tests {
         .unwrap_or_default()
     }
 
-    fn parse(m: &serde_json::Map<String, Value>) -> Result<Qwen2Config> {
-        Qwen2Config::from_json_str(&Value::Object(m.clone()).to_string())
+    fn parse(m: &serde_json::Map<String, Value>) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(&Value::Object(m.clone()).to_string())
     }
 
     #[test]
@@ -514,9 +669,89 @@ mod tests {
     #[test]
     fn unknown_architecture_is_named() {
         let mut m = base();
-        m.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        m.insert("architectures".into(), serde_json::json!(["GemmaForCausalLM"]));
         let e = parse(&m).unwrap_err().to_string();
-        assert!(e.contains("LlamaForCausalLM"), "{e}");
+        assert!(
+            e.contains("GemmaForCausalLM") && e.contains("Qwen3ForCausalLM") && e.contains("LlamaForCausalLM"),
+            "{e}"
+        );
+    }
+
+    fn family(arch: &str, model_type: &str, extra: Value) -> serde_json::Map<String, Value> {
+        let mut m = base();
+        m.insert("architectures".into(), serde_json::json!([arch]));
+        m.insert("model_type".into(), serde_json::json!(model_type));
+        for k in ["sliding_window", "max_window_layers", "use_sliding_window"] {
+            m.remove(k);
+        }
+        if let Value::Object(extra) = extra {
+            m.extend(extra);
+        }
+        m
+    }
+
+    #[test]
+    fn llama3_scaling_reads_the_same_from_both_layouts() {
+        let scaling = serde_json::json!({"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192});
+        let mut classic = scaling.clone();
+        classic["rope_type"] = "llama3".into();
+        let mut v5 = scaling;
+        v5["rope_type"] = "llama3".into();
+        v5["rope_theta"] = 500000.0.into();
+        let a =
+            family("LlamaForCausalLM", "llama", serde_json::json!({"rope_theta": 500000.0, "rope_scaling": classic}));
+        let mut b = family("LlamaForCausalLM", "llama", serde_json::json!({"rope_parameters": v5}));
+        b.remove("rope_theta");
+        let (a, b) = (parse(&a).unwrap(), parse(&b).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.family, Family::Llama);
+        assert!(!a.qkv_bias && !a.o_bias && !a.qk_norm);
+        assert!(a.sliding_window_layers.iter().all(Option::is_none));
+        assert!(matches!(
+            a.rope.scaling,
+            RopeScaling::Llama3 { factor: 32.0, original_max_position_embeddings: 8192, .. }
+        ));
+        assert_eq!(a.rope.theta, 500000.0);
+        // attention_bias puts a bias on all four projections, as transformers' LlamaAttention.
+        let biased = parse(&family("LlamaForCausalLM", "llama", serde_json::json!({"attention_bias": true}))).unwrap();
+        assert!(biased.qkv_bias && biased.o_bias);
+        let mut bad = family("LlamaForCausalLM", "llama", serde_json::json!({}));
+        bad.insert("rope_scaling".into(), serde_json::json!({"rope_type": "llama3", "factor": 8.0}));
+        assert!(parse(&bad).unwrap_err().to_string().contains("low_freq_factor"));
+        let mlp = parse(&family("LlamaForCausalLM", "llama", serde_json::json!({"mlp_bias": true}))).unwrap_err();
+        assert!(mlp.to_string().contains("mlp_bias"), "{mlp}");
+    }
+
+    #[test]
+    fn mistral_window_follows_transformers_defaults() {
+        let absent = parse(&family("MistralForCausalLM", "mistral", serde_json::json!({}))).unwrap();
+        assert!(absent.sliding_window_layers.iter().all(|w| *w == Some(4096)), "absent key: 4096");
+        let null =
+            parse(&family("MistralForCausalLM", "mistral", serde_json::json!({"sliding_window": null}))).unwrap();
+        assert!(null.sliding_window_layers.iter().all(Option::is_none), "null: no window");
+        let set = parse(&family("MistralForCausalLM", "mistral", serde_json::json!({"sliding_window": 128}))).unwrap();
+        assert!(set.sliding_window_layers.iter().all(|w| *w == Some(128)));
+        assert_eq!(set.family, Family::Mistral);
+        assert!(!set.qkv_bias);
+    }
+
+    #[test]
+    fn qwen3_defaults_and_window() {
+        let mut m = family("Qwen3ForCausalLM", "qwen3", serde_json::json!({}));
+        m.remove("architectures");
+        let c = parse(&m).unwrap();
+        assert_eq!(c.family, Family::Qwen3, "model_type alone names the family");
+        assert_eq!(c.head_dim, 128, "transformers' Qwen3 default, not hidden / heads (128 here too)");
+        m.insert("hidden_size".into(), serde_json::json!(1024));
+        m.insert("num_attention_heads".into(), serde_json::json!(16));
+        assert_eq!(parse(&m).unwrap().head_dim, 128, "Qwen3-0.6B: 1024 / 16 would be 64");
+        assert!(c.qk_norm && !c.qkv_bias);
+        m.insert("use_sliding_window".into(), serde_json::json!(true));
+        m.insert("sliding_window".into(), serde_json::json!(512));
+        m.insert("max_window_layers".into(), serde_json::json!(20));
+        let c = parse(&m).unwrap();
+        assert_eq!((c.sliding_window_layers[19], c.sliding_window_layers[20]), (None, Some(512)));
     }
 
     #[test]

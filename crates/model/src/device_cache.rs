@@ -24,7 +24,7 @@ mod tests;
 use candle_core::{DType, Device, Tensor};
 
 use crate::batch::ForwardBatch;
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use ops::{AttentionShape, PagedAttention, WriteKv};
@@ -56,7 +56,7 @@ struct PassMeta {
 impl DeviceKvCache {
     /// A zeroed pool of `num_blocks` blocks of `block_size` tokens for `cfg`'s layers on `device`,
     /// stored in `dtype` (f32, f16 or bf16: the model's compute dtype).
-    pub fn new(cfg: &Qwen2Config, dtype: DType, block_size: usize, num_blocks: usize, device: &Device) -> Result<Self> {
+    pub fn new(cfg: &ModelConfig, dtype: DType, block_size: usize, num_blocks: usize, device: &Device) -> Result<Self> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ModelError::Batch(format!(
                 "a paged cache needs at least one block of at least one token (got {num_blocks} × {block_size})"
@@ -103,7 +103,7 @@ impl DeviceKvCache {
     }
 
     /// Bytes one block takes over every layer (keys and values) for `cfg` in `dtype`.
-    pub fn bytes_per_block(cfg: &Qwen2Config, dtype: DType, block_size: usize) -> usize {
+    pub fn bytes_per_block(cfg: &ModelConfig, dtype: DType, block_size: usize) -> usize {
         2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * block_size * dtype.size_in_bytes()
     }
 

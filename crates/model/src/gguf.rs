@@ -1,12 +1,14 @@
-//! GGUF as llama.cpp writes it for Qwen2: tensor names (`blk.N.attn_q.weight` for
-//! `model.layers.N.self_attn.q_proj.weight`) and the `qwen2.*` metadata keys that carry the config.
-//! llama.cpp does not permute Qwen2's q/k (it uses NeoX RoPE), so weights map one to one.
+//! GGUF as llama.cpp writes it for the `qwen2`, `qwen3` and `llama` architectures: tensor names
+//! (`blk.N.attn_q.weight` for `model.layers.N.self_attn.q_proj.weight`) and the `<arch>.*`
+//! metadata keys that carry the config. llama.cpp keeps Qwen's q/k rows as they are (NeoX RoPE,
+//! halves), but its converter permutes Llama's so that RoPE pairs are adjacent
+//! ([`llama_cpp_row`]); the loader puts them back, so one forward pass serves both files.
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::{self, Value};
 
-use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf_scan::shown;
 
@@ -20,6 +22,9 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("self_attn.v_proj.weight", "attn_v.weight"),
     ("self_attn.v_proj.bias", "attn_v.bias"),
     ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.o_proj.bias", "attn_output.bias"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
     ("post_attention_layernorm.weight", "ffn_norm.weight"),
     ("mlp.gate_proj.weight", "ffn_gate.weight"),
     ("mlp.up_proj.weight", "ffn_up.weight"),
@@ -30,6 +35,7 @@ const GLOBAL_NAMES: &[(&str, &str)] = &[
     ("model.embed_tokens.weight", "token_embd.weight"),
     ("model.norm.weight", "output_norm.weight"),
     ("lm_head.weight", "output.weight"),
+    (crate::gguf_export::ROPE_FREQS, "rope_freqs.weight"),
 ];
 
 pub fn hf_to_gguf_name(hf: &str) -> String {
@@ -44,6 +50,15 @@ pub fn hf_to_gguf_name(hf: &str) -> String {
         }
     }
     hf.to_string()
+}
+
+/// The GGUF row that holds row `row` of a checkpoint's q or k projection, for heads of
+/// `head_dim` rows. llama.cpp's converter reshapes each head to (2, head_dim/2) and swaps the
+/// axes, so the checkpoint's row `half·d/2 + i` of a head becomes its row `2i + half`.
+pub fn llama_cpp_row(row: usize, head_dim: usize) -> usize {
+    let (head, within) = (row / head_dim, row % head_dim);
+    let (half, i) = (within / (head_dim / 2), within % (head_dim / 2));
+    head * head_dim + 2 * i + half
 }
 
 /// Typed access to GGUF metadata with errors that name the key.
@@ -138,17 +153,24 @@ impl GgufTokenizerMeta {
     }
 }
 
-/// Build the config from `qwen2.*` keys; the vocabulary size comes from `token_embd.weight`.
-pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
+/// Build the config from the `<arch>.*` keys; the vocabulary size comes from `token_embd.weight`.
+/// Llama 3's RoPE scaling lives in the `rope_freqs.weight` tensor, which the caller reads
+/// (see `source::Checkpoint::open_gguf`).
+pub fn config_from_gguf(content: &gguf_file::Content) -> Result<ModelConfig> {
     let m = Meta(&content.metadata);
     let arch = m.string("general.architecture").unwrap_or_default();
-    if arch != "qwen2" {
-        return Err(ModelError::UnsupportedArchitecture(format!(
-            "general.architecture \"{}\"; flint supports \"qwen2\"",
-            shown(&arch)
-        )));
-    }
-    let k = |s: &str| format!("qwen2.{s}");
+    let family = match arch.as_str() {
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "llama" => Family::Llama,
+        other => {
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "general.architecture \"{}\"; flint supports \"qwen2\", \"qwen3\" and \"llama\" (Llama, Mistral)",
+                shown(other)
+            )))
+        }
+    };
+    let k = |s: &str| format!("{arch}.{s}");
     let hidden = m.need_u64(&k("embedding_length"))? as usize;
     let heads = m.need_u64(&k("attention.head_count"))? as usize;
     let kv_heads = m.u64(&k("attention.head_count_kv")).map_or(heads, |x| x as usize);
@@ -187,7 +209,14 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
         }
     };
     let window = m.u64(&k("attention.sliding_window")).map(|x| x as usize);
-    let cfg = Qwen2Config {
+    // A `llama` file with a window is a Mistral (the two differ in nothing else flint computes).
+    let family = if family == Family::Llama && window.is_some() { Family::Mistral } else { family };
+    let layer = |suffix: &str| content.tensor_infos.contains_key(&format!("blk.0.{suffix}"));
+    let cfg = ModelConfig {
+        family,
+        qkv_bias: layer("attn_q.bias"),
+        o_bias: layer("attn_output.bias"),
+        qk_norm: layer("attn_q_norm.weight"),
         vocab_size,
         hidden_size: hidden,
         intermediate_size: intermediate,
@@ -199,7 +228,7 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<Qwen2Config> {
         rms_norm_eps: m.f64(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
         rope: RopeConfig { theta, scaling },
         tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-        // llama.cpp's qwen2 converter writes a window only when the model uses one.
+        // llama.cpp's converters write a window only when the model uses one.
         sliding_window_layers: vec![window; layers],
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: m.token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
@@ -226,5 +255,26 @@ mod tests {
             assert_eq!(hf_to_gguf_name(hf), gguf);
         }
         assert_eq!(hf_to_gguf_name("model.rotary_emb.inv_freq"), "model.rotary_emb.inv_freq", "unknown names pass");
+        assert_eq!(hf_to_gguf_name("model.layers.2.self_attn.k_norm.weight"), "blk.2.attn_k_norm.weight");
+    }
+
+    /// llama.cpp's converter: `w.reshape(heads, 2, d/2, in).swapaxes(1, 2).reshape(w.shape)`,
+    /// written here as index arithmetic on a numbered matrix; `llama_cpp_row` must invert it.
+    #[test]
+    fn row_order_inverts_the_converters_permutation() {
+        for (heads, d) in [(1, 2), (2, 8), (3, 64)] {
+            let rows = heads * d;
+            // converted[h][i][half] = original[h][half][i]
+            let mut converted = vec![usize::MAX; rows];
+            for h in 0..heads {
+                for half in 0..2 {
+                    for i in 0..d / 2 {
+                        converted[h * d + i * 2 + half] = h * d + half * (d / 2) + i;
+                    }
+                }
+            }
+            let back: Vec<usize> = (0..rows).map(|r| converted[llama_cpp_row(r, d)]).collect();
+            assert_eq!(back, (0..rows).collect::<Vec<_>>(), "{heads} heads of {d}");
+        }
     }
 }

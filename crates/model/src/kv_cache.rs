@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use crate::batch::{ForwardBatch, SeqChunk};
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 pub trait KvCache {
@@ -48,7 +48,7 @@ impl ContiguousKvCache {
     }
 
     /// A cache shaped for `cfg`'s layers and KV heads.
-    pub fn for_config(cfg: &Qwen2Config, dtype: DType, device: &Device) -> Self {
+    pub fn for_config(cfg: &ModelConfig, dtype: DType, device: &Device) -> Self {
         Self::new(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
     }
 

@@ -1,6 +1,6 @@
 //! The KV cache's storage type (`--kv-cache-dtype`) and what it costs per token.
 
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 
 /// How the paged pool stores keys and values. Attention always computes in f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,18 +71,18 @@ impl KvCacheDtype {
     }
 
     /// Bytes one block takes across all layers and KV heads.
-    pub fn bytes_per_block(self, cfg: &Qwen2Config, block_size: usize) -> usize {
+    pub fn bytes_per_block(self, cfg: &ModelConfig, block_size: usize) -> usize {
         cfg.num_hidden_layers * cfg.num_key_value_heads * self.bytes_per_block_head(cfg.head_dim, block_size)
     }
 
     /// Average bytes per token in full blocks.
-    pub fn bytes_per_token(self, cfg: &Qwen2Config, block_size: usize) -> f64 {
+    pub fn bytes_per_token(self, cfg: &ModelConfig, block_size: usize) -> f64 {
         self.bytes_per_block(cfg, block_size) as f64 / block_size.max(1) as f64
     }
 
     /// f32 scratch an int8 cache keeps for one block being filled (every layer's keys and
     /// values); zero for the other types, which store each token as it comes.
-    pub fn staging_bytes_per_block(self, cfg: &Qwen2Config, block_size: usize) -> usize {
+    pub fn staging_bytes_per_block(self, cfg: &ModelConfig, block_size: usize) -> usize {
         match self {
             Self::Int8 => Self::F32.bytes_per_block(cfg, block_size),
             Self::F32 | Self::Bf16 => 0,
@@ -94,8 +94,8 @@ impl KvCacheDtype {
 mod tests {
     use super::*;
 
-    fn cfg(heads: usize, kv: usize, hidden: usize, layers: usize) -> Qwen2Config {
-        Qwen2Config::from_json_str(&format!(
+    fn cfg(heads: usize, kv: usize, hidden: usize, layers: usize) -> ModelConfig {
+        ModelConfig::from_json_str(&format!(
             r#"{{"architectures":["Qwen2ForCausalLM"],"hidden_size":{hidden},"intermediate_size":128,
                 "num_hidden_layers":{layers},"num_attention_heads":{heads},"num_key_value_heads":{kv},
                 "vocab_size":10,"max_position_embeddings":512,"rms_norm_eps":1e-6,"rope_theta":10000.0}}"#

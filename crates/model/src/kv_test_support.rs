@@ -3,11 +3,11 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 
 /// Two layers, 6 query heads over 2 KV heads of 64.
-pub fn cfg() -> Qwen2Config {
-    Qwen2Config::from_json_str(
+pub fn cfg() -> ModelConfig {
+    ModelConfig::from_json_str(
         r#"{"architectures":["Qwen2ForCausalLM"],"hidden_size":384,"intermediate_size":128,"num_hidden_layers":2,
             "num_attention_heads":6,"num_key_value_heads":2,"vocab_size":10,"max_position_embeddings":4096,
             "rms_norm_eps":1e-6,"rope_theta":10000.0}"#,

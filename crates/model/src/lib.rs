@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod decoder;
 pub mod device;
 pub mod device_cache;
 pub mod error;
@@ -19,7 +20,6 @@ mod kv_test_support;
 pub mod linear;
 pub mod paged_cache;
 pub mod progress;
-pub mod qwen2;
 pub mod rope;
 pub mod scripted;
 pub mod source;
@@ -27,11 +27,11 @@ pub mod synth;
 pub mod weights;
 
 pub use batch::{ForwardBatch, LogitsRows, SeqChunk};
-pub use config::{GenerationConfig, Qwen2Config, RopeConfig, RopeScaling};
+pub use config::{GenerationConfig, ModelConfig, RopeConfig, RopeScaling};
+pub use decoder::DecoderModel;
 pub use device_cache::DeviceKvCache;
 pub use error::{ModelError, Result};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use kv_dtype::KvCacheDtype;
 pub use kv_pool::KvPool;
 pub use paged_cache::PagedKvCache;
-pub use qwen2::Qwen2Model;

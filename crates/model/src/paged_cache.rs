@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor};
 
 use crate::batch::ForwardBatch;
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kernels::attention::{paged_attention, ExactBlock, KvStore, PagedLayer, SeqView};
 use crate::kernels::huge_buf::HugeBuf;
@@ -76,7 +76,7 @@ pub struct PagedKvCache {
 impl PagedKvCache {
     /// A zeroed pool. Zero pages are mapped lazily by the OS, so a large pool costs memory only
     /// as blocks are first written (in 2 MiB steps where it gets huge pages).
-    pub fn new(cfg: &Qwen2Config, dtype: KvCacheDtype, block_size: usize, num_blocks: usize) -> Result<Self> {
+    pub fn new(cfg: &ModelConfig, dtype: KvCacheDtype, block_size: usize, num_blocks: usize) -> Result<Self> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ModelError::Batch(format!(
                 "a paged cache needs at least one block of at least one token (got {num_blocks} × {block_size})"

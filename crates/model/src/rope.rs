@@ -29,6 +29,21 @@ impl Rope {
             RopeScaling::Linear { factor } => {
                 Self { inv_freq: pos_freqs.iter().map(|p| 1.0 / p / *factor as f32).collect(), attention_scaling: 1.0 }
             }
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                let inv_freq = llama3_inv_freq(
+                    &pos_freqs,
+                    *factor as f32,
+                    *low_freq_factor as f32,
+                    *high_freq_factor as f32,
+                    *original_max_position_embeddings as f32,
+                );
+                Self { inv_freq, attention_scaling: 1.0 }
+            }
+            RopeScaling::FreqFactors(factors) => Self {
+                // As llama.cpp applies `rope_freqs`: theta_i = pos · base^(-2i/d) / factor_i.
+                inv_freq: pos_freqs.iter().zip(factors).map(|(p, f)| 1.0 / p / f).collect(),
+                attention_scaling: 1.0,
+            },
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings,
@@ -95,6 +110,59 @@ impl Rope {
         let n = positions.len();
         Ok((Tensor::from_vec(cos, (n, half), device)?, Tensor::from_vec(sin, (n, half), device)?))
     }
+}
+
+/// The per-frequency divisors llama.cpp's converter stores as `rope_freqs.weight` for a Llama 3
+/// checkpoint (`FreqFactors` read back from a file pass through); `None` without such scaling.
+/// As the converter: from the f32 default frequencies, in f64, stored as f32.
+pub fn gguf_freq_factors(cfg: &RopeConfig, head_dim: usize) -> Option<Vec<f32>> {
+    match &cfg.scaling {
+        RopeScaling::FreqFactors(f) => Some(f.clone()),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            let original = *original_max_position_embeddings as f64;
+            let (low_wavelen, high_wavelen) = (original / low_freq_factor, original / high_freq_factor);
+            let base = cfg.theta as f32;
+            let factors = (0..head_dim / 2)
+                .map(|i| {
+                    let freq = 1.0 / base.powf((2 * i) as f32 / head_dim as f32);
+                    let wavelen = 2.0 * std::f64::consts::PI / freq as f64;
+                    if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        *factor as f32
+                    } else {
+                        let smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+                    }
+                })
+                .collect();
+            Some(factors)
+        }
+        _ => None,
+    }
+}
+
+/// transformers' `_compute_llama3_parameters`, in f32 as its tensors are: wavelengths longer
+/// than `original / low_freq_factor` are interpolated by `factor`, shorter than
+/// `original / high_freq_factor` kept, and those between blended by a linear ramp.
+fn llama3_inv_freq(pos_freqs: &[f32], factor: f32, low: f32, high: f32, original: f32) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (original / low, original / high);
+    pos_freqs
+        .iter()
+        .map(|p| {
+            let inv = 1.0 / p;
+            let wavelen = 2.0 * std::f32::consts::PI / inv;
+            let scaled = if wavelen > low_wavelen { inv / factor } else { inv };
+            // transformers: `~(wavelen < high) * ~(wavelen > low)`; the same for finite wavelengths.
+            let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+            if medium {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 - smooth) * scaled / factor + smooth * scaled
+            } else {
+                scaled
+            }
+        })
+        .collect()
 }
 
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {

@@ -14,7 +14,7 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
 
-use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::synth::{config_json, HubExtras};
 
@@ -58,7 +58,11 @@ pub fn write_scripted(out: &Path, vocab_size: usize, trigger: u32, script: &[u32
         let succ = next[&tok] as usize;
         head[succ * HIDDEN + d] = MARGIN;
     }
-    let cfg = Qwen2Config {
+    let cfg = ModelConfig {
+        family: crate::config::Family::Qwen2,
+        qkv_bias: true,
+        o_bias: false,
+        qk_norm: false,
         vocab_size,
         hidden_size: HIDDEN,
         intermediate_size: 64,
@@ -123,7 +127,7 @@ mod tests {
     use super::*;
     use crate::kv_cache::ContiguousKvCache;
     use crate::source::Checkpoint;
-    use crate::{ForwardBatch, LogitsRows, Qwen2Model};
+    use crate::{DecoderModel, ForwardBatch, LogitsRows};
     use candle_core::{DType, Device};
 
     #[test]
@@ -132,7 +136,7 @@ mod tests {
         let script = [7u32, 3, 9, 4];
         write_scripted(dir.path(), 50, 11, &script, 2).unwrap();
         let ck = Checkpoint::open(dir.path().to_str().unwrap()).unwrap();
-        let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let model = DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
         let mut cache = ContiguousKvCache::for_config(&ck.config, DType::F32, &Device::Cpu);
         let mut tokens = vec![5u32, 6, 11];
         let mut batch = ForwardBatch::new();

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{GenerationConfig, Qwen2Config};
+use crate::config::{GenerationConfig, ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf::config_from_gguf;
 use crate::weights::{GgufWeights, SafetensorsFiles, WeightSource};
@@ -13,7 +13,7 @@ use crate::weights::{GgufWeights, SafetensorsFiles, WeightSource};
 pub struct Checkpoint {
     /// Directory of a safetensors checkpoint (or the one holding the GGUF file).
     pub dir: PathBuf,
-    pub config: Qwen2Config,
+    pub config: ModelConfig,
     pub generation: GenerationConfig,
     pub weights: WeightSource,
 }
@@ -55,7 +55,7 @@ impl Checkpoint {
                 ))),
             };
         }
-        let config = Qwen2Config::from_file(&config_path)?;
+        let config = ModelConfig::from_file(&config_path)?;
         let gen_path = dir.join("generation_config.json");
         let mut generation =
             if gen_path.exists() { GenerationConfig::from_file(&gen_path)? } else { GenerationConfig::default() };
@@ -65,8 +65,16 @@ impl Checkpoint {
     }
 
     pub fn open_gguf(path: &Path) -> Result<Self> {
-        let g = GgufWeights::open(path)?;
-        let config = config_from_gguf(&g.content).map_err(|e| e.in_file(path))?;
+        let mut g = GgufWeights::open(path)?;
+        let mut config = config_from_gguf(&g.content).map_err(|e| e.in_file(path))?;
+        if config.family.gguf_permutes_qk() {
+            g.set_permuted_qk(config.num_attention_heads, config.num_key_value_heads);
+        }
+        // llama.cpp stores Llama 3's RoPE scaling as per-frequency divisors, not metadata.
+        if let Some(factors) = g.read_f32("rope_freqs.weight")? {
+            config.rope.scaling = RopeScaling::FreqFactors(factors);
+            config.check_numbers().map_err(|e| e.in_file(path))?;
+        }
         let mut generation = GenerationConfig::default();
         merge_eos(&mut generation, &config);
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -87,7 +95,7 @@ impl Checkpoint {
     }
 }
 
-fn merge_eos(generation: &mut GenerationConfig, config: &Qwen2Config) {
+fn merge_eos(generation: &mut GenerationConfig, config: &ModelConfig) {
     for &id in &config.eos_token_ids {
         if !generation.eos_token_ids.contains(&id) {
             generation.eos_token_ids.push(id);

@@ -268,6 +268,9 @@ pub struct GgufWeights {
     pub path: PathBuf,
     pub content: gguf_file::Content,
     file: std::sync::Mutex<File>,
+    /// (query heads, KV heads) when llama.cpp permuted the rows of `attn_q`/`attn_k`
+    /// (the `llama` arch): they are put back in the checkpoint's order as they load.
+    permuted_qk: Option<(usize, usize)>,
 }
 
 impl GgufWeights {
@@ -276,7 +279,45 @@ impl GgufWeights {
         // The bounded pre-scan first: candle's reader trusts some counts and sizes in the file.
         let content = crate::gguf_scan::read_content(&mut file)
             .map_err(|msg| ModelError::Gguf { file: path.to_path_buf(), msg })?;
-        Ok(Self { path: path.to_path_buf(), content, file: std::sync::Mutex::new(file) })
+        Ok(Self { path: path.to_path_buf(), content, file: std::sync::Mutex::new(file), permuted_qk: None })
+    }
+
+    /// Say that `attn_q`/`attn_k` rows were permuted by llama.cpp's converter for `heads` query
+    /// and `kv_heads` KV heads; [`load`](Self::load) then undoes it.
+    pub fn set_permuted_qk(&mut self, heads: usize, kv_heads: usize) {
+        self.permuted_qk = Some((heads, kv_heads));
+    }
+
+    /// A small f32 tensor by its GGUF name (`rope_freqs.weight`), `None` when the file lacks it.
+    pub fn read_f32(&self, gguf_name: &str) -> Result<Option<Vec<f32>>> {
+        if !self.content.tensor_infos.contains_key(gguf_name) {
+            return Ok(None);
+        }
+        let q = self.read(gguf_name)?;
+        Ok(Some(q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?))
+    }
+
+    fn read(&self, name: &str) -> Result<QTensor> {
+        let mut file = self.file.lock().map_err(|_| ModelError::Gguf {
+            file: self.path.clone(),
+            msg: "file handle poisoned by an earlier failure".into(),
+        })?;
+        self.content.tensor(&mut *file, name, &Device::Cpu).map_err(|e| ModelError::BadTensor {
+            file: self.path.clone(),
+            name: name.to_string(),
+            msg: first_line(&e.to_string()),
+        })
+    }
+
+    /// Heads whose rows llama.cpp interleaved in this tensor, if it is a permuted q or k.
+    fn permuted_heads(&self, gguf_name: &str) -> Option<usize> {
+        let (heads, kv_heads) = self.permuted_qk?;
+        let suffix = gguf_name.strip_prefix("blk.")?.split_once('.')?.1;
+        match suffix {
+            "attn_q.weight" => Some(heads),
+            "attn_k.weight" => Some(kv_heads),
+            _ => None,
+        }
     }
 
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
@@ -292,17 +333,14 @@ impl GgufWeights {
         // validated matmul for, and every other tensor (norms, biases, f16/f32 matrices) arrives
         // there dense in the compute dtype, so no kernel table sees a type it rejects.
         let host = Device::Cpu;
-        let q = {
-            let mut file = self.file.lock().map_err(|_| ModelError::Gguf {
-                file: self.path.clone(),
-                msg: "file handle poisoned by an earlier failure".into(),
-            })?;
-            self.content.tensor(&mut *file, &name, &host).map_err(|e| ModelError::BadTensor {
+        let mut q = self.read(&name)?;
+        if let Some(heads) = self.permuted_heads(&name) {
+            q = unpermute_rows(&q, heads).map_err(|msg| ModelError::BadTensor {
                 file: self.path.clone(),
                 name: name.clone(),
-                msg: first_line(&e.to_string()),
-            })?
-        };
+                msg,
+            })?;
+        }
         // candle's Q4_1/Q5_0/Q5_1 dot products assert (in debug builds) an even number of blocks
         // per row. No real checkpoint has an odd one; such a matrix is widened (exactly) instead.
         let odd_rows = matches!(q.dtype(), GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1)
@@ -350,6 +388,27 @@ impl GgufWeights {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
+}
+
+/// `q` with its rows in the checkpoint's order again: llama.cpp's converter stores row
+/// `h·d + 2i + half` what the checkpoint has at row `h·d + half·d/2 + i` ([`crate::gguf::llama_cpp_row`]).
+/// Each row of a block-quantized matrix is whole blocks, so rows move as bytes.
+fn unpermute_rows(q: &QTensor, heads: usize) -> std::result::Result<QTensor, String> {
+    let dims = q.shape().dims().to_vec();
+    let rows = dims.first().copied().unwrap_or(0);
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+        return Err(format!("{rows} rows cannot hold {heads} heads of an even size"));
+    }
+    let data = q.data().map_err(|e| first_line(&e.to_string()))?;
+    let row_bytes = data.len() / rows;
+    let mut out = Vec::with_capacity(data.len());
+    for r in 0..rows {
+        let src = crate::gguf::llama_cpp_row(r, rows / heads);
+        out.extend_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+    }
+    let storage = QStorage::from_data(std::borrow::Cow::Owned(out), &Device::Cpu, q.dtype())
+        .map_err(|e| first_line(&e.to_string()))?;
+    QTensor::new(storage, q.shape().clone()).map_err(|e| first_line(&e.to_string()))
 }
 
 fn is_plain_file_name(name: &str) -> bool {

@@ -18,13 +18,13 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
-use flint_model::config::{Qwen2Config, RopeConfig, RopeScaling};
+use flint_model::config::{ModelConfig, RopeConfig, RopeScaling};
 use flint_model::gguf::{config_from_gguf, GgufTokenizerMeta};
-use flint_model::gguf_export::{qwen2_tensors, GgufExport, GgufType};
+use flint_model::gguf_export::{model_tensors, GgufExport, GgufType};
 use flint_model::gguf_scan;
 use flint_model::source::Checkpoint;
 use flint_model::synth::{config_json, synth_tensor, HubExtras};
-use flint_model::{ContiguousKvCache, ForwardBatch, LogitsRows, Qwen2Model};
+use flint_model::{ContiguousKvCache, DecoderModel, ForwardBatch, LogitsRows};
 use fuzz_common::{run_case, run_target, Outcome};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -37,8 +37,12 @@ static GUARD: fuzz_common::Guard = fuzz_common::Guard;
 // ---------------------------------------------------------------------------------------------
 // Valid inputs
 
-fn tiny_config(hidden: usize, head_dim: usize, tied: bool, scaling: RopeScaling) -> Qwen2Config {
-    Qwen2Config {
+fn tiny_config(hidden: usize, head_dim: usize, tied: bool, scaling: RopeScaling) -> ModelConfig {
+    ModelConfig {
+        family: flint_model::config::Family::Qwen2,
+        qkv_bias: true,
+        o_bias: false,
+        qk_norm: false,
         vocab_size: 32,
         hidden_size: hidden,
         intermediate_size: hidden * 2,
@@ -88,8 +92,8 @@ struct GgufBase {
     data_end: usize,
 }
 
-fn export_gguf(cfg: &Qwen2Config, ty: GgufType, tokenizer: Option<&GgufTokenizerMeta>) -> Vec<u8> {
-    let tensors = qwen2_tensors(cfg, !cfg.tie_word_embeddings);
+fn export_gguf(cfg: &ModelConfig, ty: GgufType, tokenizer: Option<&GgufTokenizerMeta>) -> Vec<u8> {
+    let tensors = model_tensors(cfg, !cfg.tie_word_embeddings);
     let shapes: HashMap<String, Vec<usize>> = tensors.iter().cloned().collect();
     let export = GgufExport { config: cfg, name: "fuzz".into(), tokenizer, ty };
     let mut out = Vec::new();
@@ -412,11 +416,11 @@ fn load_gguf_bytes(bytes: &[u8]) -> Result<(), String> {
     if listed.len() != content.tensor_infos.len() {
         return Err("PROPERTY: tensors() lost a tensor".into());
     }
-    let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
+    let model = DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
     forward_one(&model)
 }
 
-fn forward_one(model: &Qwen2Model) -> Result<(), String> {
+fn forward_one(model: &DecoderModel) -> Result<(), String> {
     let mut cache = ContiguousKvCache::for_config(model.config(), DType::F32, &Device::Cpu);
     let mut batch = ForwardBatch::new();
     batch.push(0, 0, &[0, 1], LogitsRows::Last);
@@ -609,8 +613,8 @@ struct StBase {
     bytes: Vec<u8>,
 }
 
-fn safetensors_file(cfg: &Qwen2Config, dtype: safetensors::Dtype) -> Vec<u8> {
-    let tensors = qwen2_tensors(cfg, !cfg.tie_word_embeddings);
+fn safetensors_file(cfg: &ModelConfig, dtype: safetensors::Dtype) -> Vec<u8> {
+    let tensors = model_tensors(cfg, !cfg.tie_word_embeddings);
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(name, shape)| {
@@ -634,7 +638,7 @@ fn safetensors_file(cfg: &Qwen2Config, dtype: safetensors::Dtype) -> Vec<u8> {
     safetensors::tensor::serialize(views, None).unwrap_or_else(|e| panic!("serialize: {e}"))
 }
 
-fn config_text(cfg: &Qwen2Config) -> String {
+fn config_text(cfg: &ModelConfig) -> String {
     config_json(cfg, &HubExtras { sliding_window: 64, max_window_layers: 1 }).to_string()
 }
 
@@ -676,7 +680,7 @@ fn load_dir(config: &str, files: &[(&str, &[u8])]) -> Result<(), String> {
 fn load_checkpoint(dir: &Path) -> Result<(), String> {
     let ck = Checkpoint::open(dir.to_str().unwrap_or_default()).map_err(|e| e.to_string())?;
     let _ = ck.weights.tensors();
-    let model = Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
+    let model = DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).map_err(|e| e.to_string())?;
     forward_one(&model)
 }
 
@@ -978,7 +982,7 @@ fn mutate_config(rng: &mut StdRng, cfg: &mut serde_json::Map<String, Value>) -> 
 }
 
 /// What an accepted config must satisfy before anything is sized from it.
-fn config_sane(c: &Qwen2Config) -> Result<(), String> {
+fn config_sane(c: &ModelConfig) -> Result<(), String> {
     let ok = (1..=1024).contains(&c.num_hidden_layers)
         && (1..=1 << 17).contains(&c.hidden_size)
         && (1..=1024).contains(&c.num_attention_heads)
@@ -1037,7 +1041,7 @@ fn fuzz_config_json() {
         let full = case % 8 == 0;
         move || {
             let what = what.join("; ");
-            let parsed = Qwen2Config::from_json_str(&text);
+            let parsed = ModelConfig::from_json_str(&text);
             let result = match parsed {
                 Ok(c) => config_sane(&c).and_then(|()| {
                     if full {
@@ -1060,7 +1064,7 @@ fn config_json_absurd_values_are_refused_by_name() {
     let with = |k: &str, v: Value| {
         let mut c = base.clone();
         c[k] = v;
-        Qwen2Config::from_json_str(&c.to_string()).map(|_| ()).map_err(|e| e.to_string())
+        ModelConfig::from_json_str(&c.to_string()).map(|_| ()).map_err(|e| e.to_string())
     };
     let err = |k: &str, v: Value, expect: &str| {
         let e = with(k, v.clone()).expect_err(&format!("{k} = {v} must be refused"));
@@ -1083,8 +1087,8 @@ fn config_json_absurd_values_are_refused_by_name() {
     let mut c = base.clone();
     c["use_sliding_window"] = json!(true);
     c["sliding_window"] = json!(0);
-    let e = Qwen2Config::from_json_str(&c.to_string()).unwrap_err().to_string();
+    let e = ModelConfig::from_json_str(&c.to_string()).unwrap_err().to_string();
     assert!(e.contains("sliding_window"), "{e}");
-    assert!(Qwen2Config::from_json_str("{\"vocab_size\": NaN}").is_err());
+    assert!(ModelConfig::from_json_str("{\"vocab_size\": NaN}").is_err());
     assert!(with("rope_theta", json!(1e6)).is_ok());
 }

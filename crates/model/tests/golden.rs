@@ -7,15 +7,15 @@ use candle_core::{DType, Device};
 use flint_model::kernels::matmul_f32::Bf16Compute;
 use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
-use flint_model::{ContiguousKvCache, ForwardBatch, KvCache, LogitsRows, PagedKvCache, Qwen2Model};
+use flint_model::{ContiguousKvCache, DecoderModel, ForwardBatch, KvCache, LogitsRows, PagedKvCache};
 
 mod golden_common;
 
 use golden_common::*;
 
-fn load(dir: &Path) -> Qwen2Model {
+fn load(dir: &Path) -> DecoderModel {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
-    Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
+    DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Prefill each prompt in one pass (all rows), then feed the reference greedy tokens one at a time
@@ -23,11 +23,11 @@ fn load(dir: &Path) -> Qwen2Model {
 ///
 /// A greedy token is only required to match where the reference's top-1/top-2 margin exceeds
 /// `decisive` (quantized models: a near-tie may legitimately flip).
-fn run_reference(model: &Qwen2Model, reference: &Reference, decisive: f32) -> Outcome {
+fn run_reference(model: &DecoderModel, reference: &Reference, decisive: f32) -> Outcome {
     run_reference_on(model, reference, decisive, false)
 }
 
-fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
+fn new_cache(model: &DecoderModel, paged: bool) -> Box<dyn KvCache> {
     if paged {
         Box::new(PagedKvCache::new(model.config(), flint_model::KvCacheDtype::F32, 16, POOL_BLOCKS).unwrap())
     } else {
@@ -35,7 +35,7 @@ fn new_cache(model: &Qwen2Model, paged: bool) -> Box<dyn KvCache> {
     }
 }
 
-fn run_reference_on(model: &Qwen2Model, reference: &Reference, decisive: f32, paged: bool) -> Outcome {
+fn run_reference_on(model: &DecoderModel, reference: &Reference, decisive: f32, paged: bool) -> Outcome {
     run_with_cache(model, reference, decisive, paged, &|| new_cache(model, paged))
 }
 
@@ -221,7 +221,7 @@ fn full_vocab_bf16_compute_stays_close() {
     let dir = fixtures().join("full-vocab-bf16");
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let model = with_bf16_compute(Bf16Compute::WidenF32, || {
-        Qwen2Model::load(&ck.config, &ck.weights, DType::BF16, &Device::Cpu).unwrap()
+        DecoderModel::load(&ck.config, &ck.weights, DType::BF16, &Device::Cpu).unwrap()
     });
     let r = Reference::load(&dir.join("reference.safetensors"));
     assert_within("full-vocab bf16 compute", &run_reference(&model, &r, 0.3), 0.15);

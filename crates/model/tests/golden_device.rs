@@ -18,7 +18,7 @@ use flint_model::device::DeviceSpec;
 use flint_model::kernels::matmul_f32::Bf16Compute;
 use flint_model::linear::with_bf16_compute;
 use flint_model::source::Checkpoint;
-use flint_model::{DeviceKvCache, ForwardBatch, KvCache, LogitsRows, Qwen2Model};
+use flint_model::{DecoderModel, DeviceKvCache, ForwardBatch, KvCache, LogitsRows};
 use golden_common::*;
 
 fn device() -> Device {
@@ -28,19 +28,19 @@ fn device() -> Device {
     spec.open().unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn load(path: &std::path::Path, dtype: DType) -> Qwen2Model {
+fn load(path: &std::path::Path, dtype: DType) -> DecoderModel {
     let ck = Checkpoint::open(path.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
     // On the CPU, bf16 weights widened exactly (the dot-product kernel has its own test).
     with_bf16_compute(Bf16Compute::WidenF32, || {
-        Qwen2Model::load(&ck.config, &ck.weights, dtype, &device()).unwrap_or_else(|e| panic!("{e}"))
+        DecoderModel::load(&ck.config, &ck.weights, dtype, &device()).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
-fn device_pool(model: &Qwen2Model) -> Box<dyn KvCache> {
+fn device_pool(model: &DecoderModel) -> Box<dyn KvCache> {
     Box::new(DeviceKvCache::new(model.config(), model.dtype(), 16, POOL_BLOCKS, model.device()).unwrap())
 }
 
-fn check(name: &str, model: &Qwen2Model, reference: &Reference, tol: f32) {
+fn check(name: &str, model: &DecoderModel, reference: &Reference, tol: f32) {
     let name = format!("{name} on {} ({:?})", DeviceSpec::of(model.device()), model.dtype());
     let o = run_with_cache(model, reference, 2.0 * tol, true, &|| device_pool(model));
     assert_within(&name, &o, tol);
@@ -187,10 +187,10 @@ fn greedy_tokens_do_not_depend_on_the_batch() {
 #[test]
 fn attention_op_matches_the_reference_on_random_data() {
     use candle_core::Tensor;
-    use flint_model::Qwen2Config;
+    use flint_model::ModelConfig;
     let dev = device();
     for (d, hq, hkv) in [(128, 14, 2), (256, 4, 4)] {
-        let cfg = Qwen2Config::from_json_str(&format!(
+        let cfg = ModelConfig::from_json_str(&format!(
             r#"{{"architectures":["Qwen2ForCausalLM"],"hidden_size":{},"intermediate_size":64,"num_hidden_layers":1,
                 "num_attention_heads":{hq},"num_key_value_heads":{hkv},"vocab_size":8,"max_position_embeddings":4096,
                 "rms_norm_eps":1e-6,"rope_theta":10000.0}}"#,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use flint_model::source::Checkpoint;
-use flint_model::{ForwardBatch, KvCacheDtype, LogitsRows, PagedKvCache, Qwen2Model};
+use flint_model::{DecoderModel, ForwardBatch, KvCacheDtype, LogitsRows, PagedKvCache};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/golden")
@@ -18,10 +18,10 @@ fn fixtures() -> PathBuf {
 /// The model with bf16 weights in exact f32 products whatever the CPU: this gate measures what the
 /// KV cache's precision costs, and bf16 activations (rounded afresh after every perturbed key)
 /// would blur it. The dot path has its own gate in `golden.rs`.
-fn load(dir: &Path) -> Qwen2Model {
+fn load(dir: &Path) -> DecoderModel {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
     flint_model::linear::with_bf16_compute(flint_model::kernels::matmul_f32::Bf16Compute::WidenF32, || {
-        Qwen2Model::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
+        DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -61,7 +61,7 @@ fn rows(t: Tensor) -> Vec<Vec<f32>> {
 
 /// Logits of every prompt position, then of each decode step (fed `forced`, or its own greedy
 /// tokens when `None`). Returns the logits and the tokens fed.
-fn run(model: &Qwen2Model, dtype: KvCacheDtype, bs: usize, forced: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn run(model: &DecoderModel, dtype: KvCacheDtype, bs: usize, forced: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>) {
     let vocab = model.config().vocab_size;
     let total = PROMPT + DECODE;
     let blocks = total.div_ceil(bs);
@@ -138,7 +138,7 @@ fn compare(reference: &[Vec<f32>], got: &[Vec<f32>], margin: f32) -> Quality {
 /// and its attention quantizes each query against a block's keys to 8 bits and the softmax
 /// weights to 15 (integer dot products on the codes). bf16 runs at its default 128 and at 16: its
 /// error is the rounding, whatever the blocks.
-fn check(name: &str, model: &Qwen2Model) {
+fn check(name: &str, model: &DecoderModel) {
     let (reference, fed) = run(model, KvCacheDtype::F32, 16, None);
     for (dtype, bs, max_abs, mean_kl) in [
         (KvCacheDtype::Bf16, 128, 0.04, 2e-6),

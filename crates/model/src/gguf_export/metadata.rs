@@ -72,29 +72,32 @@ impl GgufExport<'_> {
         };
         let mut m: Vec<(String, GgufValue)> = Vec::new();
         let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
-        put("general.architecture", GgufValue::Str("qwen2".into()));
+        let arch = c.family.gguf_architecture();
+        let k = |key: &str| format!("{arch}.{key}");
+        put("general.architecture", GgufValue::Str(arch.into()));
         put("general.name", GgufValue::Str(self.name.clone()));
         put("general.alignment", GgufValue::U32(ALIGNMENT as u32));
-        put("qwen2.block_count", GgufValue::U32(u32_of("num_hidden_layers", c.num_hidden_layers)?));
-        put("qwen2.context_length", GgufValue::U32(u32_of("max_position_embeddings", c.max_position_embeddings)?));
-        put("qwen2.embedding_length", GgufValue::U32(u32_of("hidden_size", c.hidden_size)?));
-        put("qwen2.feed_forward_length", GgufValue::U32(u32_of("intermediate_size", c.intermediate_size)?));
-        put("qwen2.attention.head_count", GgufValue::U32(u32_of("num_attention_heads", c.num_attention_heads)?));
-        put("qwen2.attention.head_count_kv", GgufValue::U32(u32_of("num_key_value_heads", c.num_key_value_heads)?));
+        put(&k("block_count"), GgufValue::U32(u32_of("num_hidden_layers", c.num_hidden_layers)?));
+        put(&k("context_length"), GgufValue::U32(u32_of("max_position_embeddings", c.max_position_embeddings)?));
+        put(&k("embedding_length"), GgufValue::U32(u32_of("hidden_size", c.hidden_size)?));
+        put(&k("feed_forward_length"), GgufValue::U32(u32_of("intermediate_size", c.intermediate_size)?));
+        put(&k("attention.head_count"), GgufValue::U32(u32_of("num_attention_heads", c.num_attention_heads)?));
+        put(&k("attention.head_count_kv"), GgufValue::U32(u32_of("num_key_value_heads", c.num_key_value_heads)?));
         // Readers derive head_dim as hidden / heads; say it only when that would be wrong, as
         // llama.cpp does.
         if c.num_attention_heads == 0 || c.hidden_size / c.num_attention_heads != c.head_dim {
             let hd = GgufValue::U32(u32_of("head_dim", c.head_dim)?);
-            put("qwen2.attention.key_length", hd.clone());
-            put("qwen2.attention.value_length", hd);
+            put(&k("attention.key_length"), hd.clone());
+            put(&k("attention.value_length"), hd);
         }
-        put("qwen2.rope.freq_base", GgufValue::F32(c.rope.theta as f32));
-        put("qwen2.attention.layer_norm_rms_epsilon", GgufValue::F32(c.rms_norm_eps as f32));
+        put(&k("rope.freq_base"), GgufValue::F32(c.rope.theta as f32));
+        put(&k("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps as f32));
         match &c.rope.scaling {
-            RopeScaling::None => {}
+            // llama.cpp keeps Llama 3's scaling in the `rope_freqs` tensor (see `writer`).
+            RopeScaling::None | RopeScaling::Llama3 { .. } | RopeScaling::FreqFactors(_) => {}
             RopeScaling::Linear { factor } => {
-                put("qwen2.rope.scaling.type", GgufValue::Str("linear".into()));
-                put("qwen2.rope.scaling.factor", GgufValue::F32(*factor as f32));
+                put(&k("rope.scaling.type"), GgufValue::Str("linear".into()));
+                put(&k("rope.scaling.factor"), GgufValue::F32(*factor as f32));
             }
             RopeScaling::Yarn {
                 factor,
@@ -104,21 +107,21 @@ impl GgufExport<'_> {
                 attention_factor,
                 ..
             } => {
-                put("qwen2.rope.scaling.type", GgufValue::Str("yarn".into()));
-                put("qwen2.rope.scaling.factor", GgufValue::F32(*factor as f32));
+                put(&k("rope.scaling.type"), GgufValue::Str("yarn".into()));
+                put(&k("rope.scaling.factor"), GgufValue::F32(*factor as f32));
                 put(
-                    "qwen2.rope.scaling.original_context_length",
+                    &k("rope.scaling.original_context_length"),
                     GgufValue::U32(u32_of("original_max_position_embeddings", *original_max_position_embeddings)?),
                 );
                 // Only non-default betas are written, so readers that predate the keys agree.
                 if *beta_fast != 32.0 {
-                    put("qwen2.rope.scaling.yarn_beta_fast", GgufValue::F32(*beta_fast as f32));
+                    put(&k("rope.scaling.yarn_beta_fast"), GgufValue::F32(*beta_fast as f32));
                 }
                 if *beta_slow != 1.0 {
-                    put("qwen2.rope.scaling.yarn_beta_slow", GgufValue::F32(*beta_slow as f32));
+                    put(&k("rope.scaling.yarn_beta_slow"), GgufValue::F32(*beta_slow as f32));
                 }
                 if let Some(a) = attention_factor {
-                    put("qwen2.rope.scaling.attn_factor", GgufValue::F32(*a as f32));
+                    put(&k("rope.scaling.attn_factor"), GgufValue::F32(*a as f32));
                 }
             }
         }
@@ -127,7 +130,7 @@ impl GgufExport<'_> {
         match c.sliding_window_layers.first().copied().flatten() {
             _ if c.sliding_window_layers.iter().all(Option::is_none) => {}
             Some(w) if c.sliding_window_layers.iter().all(|l| *l == Some(w)) => {
-                put("qwen2.attention.sliding_window", GgufValue::U32(u32_of("sliding_window", w)?));
+                put(&k("attention.sliding_window"), GgufValue::U32(u32_of("sliding_window", w)?));
             }
             _ => {
                 return Err(ModelError::Config(

@@ -1,5 +1,6 @@
-//! Writing GGUF v3 files in llama.cpp's Qwen2 conventions, so what flint exports loads in
-//! llama.cpp, gguf-py and flint's own reader alike.
+//! Writing GGUF v3 files in llama.cpp's conventions for each family (`qwen2`, `qwen3`, `llama`:
+//! names, metadata, Llama's permuted q/k rows and its `rope_freqs`), so what flint exports loads
+//! in llama.cpp, gguf-py and flint's own reader alike.
 //!
 //! The writer streams: tensor sizes are known from shapes and types alone, so the header (with
 //! every tensor's offset) is written first and each tensor is then produced, converted and written
@@ -12,7 +13,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use crate::config::Qwen2Config;
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::gguf::GgufTokenizerMeta;
 use crate::weights::WeightSource;
@@ -28,31 +29,38 @@ pub(crate) use writer::write_floats;
 /// Tensor data alignment; 32 is GGUF's default and what llama.cpp writes.
 pub const ALIGNMENT: u64 = 32;
 
-/// The tensors of a Qwen2 checkpoint by Hugging Face name, with their shapes, in llama.cpp's
-/// order (embedding, blocks in layer order, final norm, output). `lm_head` is listed only when
-/// `with_lm_head`: tied checkpoints normally ship without one.
-pub fn qwen2_tensors(cfg: &Qwen2Config, with_lm_head: bool) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-    let nq = cfg.num_attention_heads * cfg.head_dim;
-    let nkv = cfg.num_key_value_heads * cfg.head_dim;
+/// The tensors of a checkpoint by Hugging Face name, with their shapes, in llama.cpp's order
+/// (embedding, Llama 3's `rope_freqs`, blocks in layer order, final norm, output). Biases and
+/// q/k norms are listed where the family has them; `lm_head` only when `with_lm_head`: tied
+/// checkpoints normally ship without one.
+pub fn model_tensors(cfg: &ModelConfig, with_lm_head: bool) -> Vec<(String, Vec<usize>)> {
+    let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let nq = cfg.num_attention_heads * d;
+    let nkv = cfg.num_key_value_heads * d;
     let mut out = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    if matches!(cfg.rope.scaling, RopeScaling::Llama3 { .. } | RopeScaling::FreqFactors(_)) {
+        out.push((ROPE_FREQS.to_string(), vec![d / 2]));
+    }
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        let layer: [(&str, Vec<usize>); 12] = [
-            ("input_layernorm.weight", vec![h]),
-            ("self_attn.q_proj.weight", vec![nq, h]),
-            ("self_attn.q_proj.bias", vec![nq]),
-            ("self_attn.k_proj.weight", vec![nkv, h]),
-            ("self_attn.k_proj.bias", vec![nkv]),
-            ("self_attn.v_proj.weight", vec![nkv, h]),
-            ("self_attn.v_proj.bias", vec![nkv]),
-            ("self_attn.o_proj.weight", vec![h, nq]),
-            ("post_attention_layernorm.weight", vec![h]),
-            ("mlp.gate_proj.weight", vec![i, h]),
-            ("mlp.up_proj.weight", vec![i, h]),
-            ("mlp.down_proj.weight", vec![h, i]),
+        let layer: [(&str, Vec<usize>, bool); 14] = [
+            ("input_layernorm.weight", vec![h], true),
+            ("self_attn.q_proj.weight", vec![nq, h], true),
+            ("self_attn.q_proj.bias", vec![nq], cfg.qkv_bias),
+            ("self_attn.k_proj.weight", vec![nkv, h], true),
+            ("self_attn.k_proj.bias", vec![nkv], cfg.qkv_bias),
+            ("self_attn.v_proj.weight", vec![nkv, h], true),
+            ("self_attn.v_proj.bias", vec![nkv], cfg.qkv_bias),
+            ("self_attn.o_proj.weight", vec![h, nq], true),
+            ("self_attn.o_proj.bias", vec![h], cfg.o_bias),
+            ("self_attn.q_norm.weight", vec![d], cfg.qk_norm),
+            ("self_attn.k_norm.weight", vec![d], cfg.qk_norm),
+            ("post_attention_layernorm.weight", vec![h], true),
+            ("mlp.gate_proj.weight", vec![i, h], true),
+            ("mlp.up_proj.weight", vec![i, h], true),
         ];
-        out.extend(layer.into_iter().map(|(s, shape)| (format!("{p}.{s}"), shape)));
+        out.extend(layer.into_iter().filter(|(_, _, has)| *has).map(|(s, shape, _)| (format!("{p}.{s}"), shape)));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
     }
     out.push(("model.norm.weight".to_string(), vec![h]));
     if with_lm_head {
@@ -61,10 +69,14 @@ pub fn qwen2_tensors(cfg: &Qwen2Config, with_lm_head: bool) -> Vec<(String, Vec<
     out
 }
 
+/// The name [`model_tensors`] gives llama.cpp's `rope_freqs.weight`, which no Hugging Face
+/// checkpoint holds: the writer computes it from the config.
+pub const ROPE_FREQS: &str = "rope_freqs";
+
 /// What to write besides the tensors: the model's config, its name, optionally its tokenizer,
 /// and the requested storage type.
 pub struct GgufExport<'a> {
-    pub config: &'a Qwen2Config,
+    pub config: &'a ModelConfig,
     pub name: String,
     pub tokenizer: Option<&'a GgufTokenizerMeta>,
     pub ty: GgufType,
@@ -75,14 +87,14 @@ pub struct GgufExport<'a> {
 /// keeps it as `output.weight`, matching what flint's loader would use. Returns the bytes written.
 pub fn export_checkpoint(
     src: &WeightSource,
-    cfg: &Qwen2Config,
+    cfg: &ModelConfig,
     out: &Path,
     ty: GgufType,
     tokenizer: Option<&GgufTokenizerMeta>,
     name: &str,
 ) -> Result<u64> {
     let with_head = !cfg.tie_word_embeddings || src.contains("lm_head.weight");
-    let tensors = qwen2_tensors(cfg, with_head);
+    let tensors = model_tensors(cfg, with_head);
     let export = GgufExport { config: cfg, name: name.to_string(), tokenizer, ty };
     let shapes: std::collections::HashMap<&str, &[usize]> =
         tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
@@ -104,6 +116,41 @@ pub(crate) mod tests {
         format!("{}/../../fixtures/golden/small-f32", env!("CARGO_MANIFEST_DIR"))
     }
 
+    /// flint's writer lays out a Llama 3 checkpoint as llama.cpp's converter does: exported and
+    /// read back it is the same model, and its q/k rows and `rope_freqs` are those of the
+    /// fixture's GGUF (written with gguf-py in the converter's layout).
+    #[test]
+    fn llama_export_matches_the_converters_layout() {
+        let dir = format!("{}/../../fixtures/families/llama3", env!("CARGO_MANIFEST_DIR"));
+        let ck = Checkpoint::open(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("model-bf16.gguf");
+        export_checkpoint(&ck.weights, &ck.config, &path, GgufType::BF16, None, "llama3").unwrap();
+        let back = Checkpoint::open(path.to_str().unwrap()).unwrap();
+        let theirs = Checkpoint::open(&format!("{dir}/model-bf16.gguf")).unwrap();
+        assert_eq!(back.config.rope, theirs.config.rope, "rope_freqs as the converter computes them");
+        let mut cfg = back.config.clone();
+        cfg.rope = ck.config.rope.clone();
+        cfg.torch_dtype = ck.config.torch_dtype.clone();
+        cfg.rms_norm_eps = ck.config.rms_norm_eps;
+        cfg.eos_token_ids = ck.config.eos_token_ids.clone();
+        assert_eq!(cfg, ck.config);
+        let (ours, gguf_py) = (back.gguf().unwrap(), theirs.gguf().unwrap());
+        let raw = |g: &crate::weights::GgufWeights, n: &str| g.read_f32(n).unwrap().unwrap();
+        for name in ["blk.0.attn_q.weight", "blk.1.attn_k.weight", "blk.0.attn_v.weight"] {
+            assert_eq!(raw(ours, name), raw(gguf_py, name), "{name}: the stored rows");
+        }
+        for (name, shape) in model_tensors(&ck.config, true).into_iter().filter(|(n, _)| n != ROPE_FREQS) {
+            let get = |w: &WeightSource| w.get_dense(&name, &shape, DType::F32, &Device::Cpu).unwrap();
+            let (a, b) = (get(&ck.weights), get(&back.weights));
+            let (a, b) = (
+                a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            assert_eq!(a, b, "{name} reads back as the checkpoint's");
+        }
+    }
+
     /// Every export type of the golden small model reopens with the same geometry and the
     /// requested tensor types; F32 is bit-identical to the safetensors, F16/BF16 are its rounding.
     #[test]
@@ -123,7 +170,7 @@ pub(crate) mod tests {
             got.torch_dtype = ck.config.torch_dtype.clone();
             assert_eq!(got, ck.config, "{ty}");
 
-            for (name, shape) in qwen2_tensors(&ck.config, true) {
+            for (name, shape) in model_tensors(&ck.config, true) {
                 let info = &gw.content.tensor_infos[&hf_to_gguf_name(&name)];
                 assert_eq!(info.shape.dims(), shape.as_slice(), "{name}");
                 let want = if shape.len() == 1 { GgmlDType::F32 } else { ty.ggml() };

@@ -92,7 +92,7 @@ impl GgufExport<'_> {
         for (hf, shape) in tensors {
             let name = hf_to_gguf_name(hf);
             if name == *hf {
-                return Err(ModelError::Config(format!("tensor `{hf}` has no llama.cpp Qwen2 name")));
+                return Err(ModelError::Config(format!("tensor `{hf}` has no llama.cpp name")));
             }
             if shape.is_empty() || shape.len() > 4 {
                 return Err(ModelError::Config(format!("tensor `{hf}`: GGUF needs 1 to 4 dims, got {shape:?}")));
@@ -127,7 +127,18 @@ impl GgufExport<'_> {
         let data_start = w.written;
         for (hf, _, shape, ty, offset, nbytes) in &plan {
             let bad = |msg: String| ModelError::Config(format!("tensor `{hf}`: {msg}"));
-            let t = produce(hf)?;
+            let t = match *hf {
+                super::ROPE_FREQS => {
+                    let f = crate::rope::gguf_freq_factors(&self.config.rope, self.config.head_dim)
+                        .ok_or_else(|| bad("the config has no per-frequency RoPE scaling".into()))?;
+                    Tensor::from_vec(f, shape.to_vec(), &candle_core::Device::Cpu)?
+                }
+                _ => produce(hf)?,
+            };
+            let t = match self.permuted_heads(hf) {
+                Some(heads) => permute_rows(&t, heads)?,
+                None => t,
+            };
             if t.dims() != *shape {
                 return Err(bad(format!("produced shape {:?}, expected {shape:?}", t.dims())));
             }
@@ -142,6 +153,34 @@ impl GgufExport<'_> {
         w.flush().map_err(io)?;
         Ok(w.written)
     }
+}
+
+impl GgufExport<'_> {
+    /// Heads whose rows llama.cpp's converter interleaves in `hf` (q and k of the `llama` arch).
+    fn permuted_heads(&self, hf: &str) -> Option<usize> {
+        let c = self.config;
+        if !c.family.gguf_permutes_qk() {
+            return None;
+        }
+        if hf.ends_with(".self_attn.q_proj.weight") {
+            Some(c.num_attention_heads)
+        } else if hf.ends_with(".self_attn.k_proj.weight") {
+            Some(c.num_key_value_heads)
+        } else {
+            None
+        }
+    }
+}
+
+/// `t`'s rows in llama.cpp's order for `heads` heads: GGUF row `llama_cpp_row(r)` holds row `r`.
+fn permute_rows(t: &Tensor, heads: usize) -> Result<Tensor> {
+    let rows = t.dim(0)?;
+    let head_dim = rows / heads.max(1);
+    let mut order = vec![0u32; rows];
+    for r in 0..rows {
+        order[crate::gguf::llama_cpp_row(r, head_dim)] = r as u32;
+    }
+    Ok(t.index_select(&Tensor::from_vec(order, rows, t.device())?, 0)?)
 }
 
 /// Convert `t` to `ty` and write its bytes (unpadded).
@@ -210,7 +249,7 @@ fn quantize_rows(t: &Tensor, ty: GgmlDType) -> Result<Vec<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf_export::qwen2_tensors;
+    use crate::gguf_export::model_tensors;
     use crate::gguf_export::tests::golden_small;
     use crate::gguf_export::GgufType;
     use crate::source::Checkpoint;
@@ -230,7 +269,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.gguf");
         let export = GgufExport { config: &ck.config, name: "x".into(), tokenizer: None, ty: GgufType::F32 };
-        let tensors = qwen2_tensors(&ck.config, true);
+        let tensors = model_tensors(&ck.config, true);
         let e = export
             .write_file(&path, &tensors, |_| Ok(Tensor::zeros(3, DType::F32, &Device::Cpu)?))
             .unwrap_err()

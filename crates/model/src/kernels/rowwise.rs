@@ -92,6 +92,17 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     })
 }
 
+/// [`rms_norm`] in place over each `d`-wide head of `x` (Qwen3's q/k norm, `w` of size `d`), with
+/// the same arithmetic per row.
+pub fn rms_norm_heads(x: &mut [f32], d: usize, w: &[f32], eps: f64) {
+    for row in x.chunks_exact_mut(d) {
+        let inv = 1.0 / (sum_sq(row) / d as f32 + eps as f32).sqrt();
+        for (v, &wv) in row.iter_mut().zip(w) {
+            *v = (*v * inv) * wv;
+        }
+    }
+}
+
 /// `silu(gate) · up`, elementwise over `[n, i]`; the sigmoid from a bounded-argument `e^x`
 /// (`e^-|g|`, so it never overflows) that vectorises.
 pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {

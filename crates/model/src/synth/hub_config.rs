@@ -1,20 +1,20 @@
 //! The JSON files of a hub checkpoint that `flint synth` writes beside the weights: config.json as
-//! transformers' `save_pretrained` writes it for Qwen2, and generation_config.json.
+//! transformers' `save_pretrained` writes it for each family, and generation_config.json.
 
 use serde_json::{json, Value};
 
-use crate::config::{Qwen2Config, RopeScaling};
+use crate::config::{Family, ModelConfig, RopeScaling};
 
 use super::HubExtras;
 
 /// `config.json` in the classic hub layout (what `save_pretrained` of transformers 4.x writes for
-/// Qwen2), readable by both flint and transformers. When `cfg` has sliding layers they override
+/// the family: `rope_theta` + `rope_scaling`), readable by both flint and transformers. When `cfg` has sliding layers they override
 /// `extras`; a pattern that is not "every layer from k on" is spelled out as `layer_types`.
-pub fn config_json(cfg: &Qwen2Config, extras: &HubExtras) -> Value {
+pub fn config_json(cfg: &ModelConfig, extras: &HubExtras) -> Value {
     let first_sliding = cfg.sliding_window_layers.iter().position(Option::is_some);
     let window = cfg.sliding_window_layers.iter().flatten().next().copied();
     let mut v = json!({
-        "architectures": ["Qwen2ForCausalLM"],
+        "architectures": [cfg.family.architecture()],
         "attention_dropout": 0.0,
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": match cfg.eos_token_ids.as_slice() {
@@ -27,7 +27,7 @@ pub fn config_json(cfg: &Qwen2Config, extras: &HubExtras) -> Value {
         "intermediate_size": cfg.intermediate_size,
         "max_position_embeddings": cfg.max_position_embeddings,
         "max_window_layers": first_sliding.unwrap_or(extras.max_window_layers),
-        "model_type": "qwen2",
+        "model_type": cfg.family.model_type(),
         "num_attention_heads": cfg.num_attention_heads,
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_key_value_heads": cfg.num_key_value_heads,
@@ -42,6 +42,28 @@ pub fn config_json(cfg: &Qwen2Config, extras: &HubExtras) -> Value {
         "vocab_size": cfg.vocab_size,
     });
     if let Value::Object(m) = &mut v {
+        if cfg.family != Family::Qwen2 {
+            // Neither Llama nor Mistral has Qwen's window switch; Qwen3 shares Qwen2's keys.
+            m.insert("attention_bias".into(), json!(cfg.qkv_bias));
+            m.insert("head_dim".into(), json!(cfg.head_dim));
+        }
+        match cfg.family {
+            Family::Llama => {
+                for k in ["max_window_layers", "sliding_window", "use_sliding_window"] {
+                    m.remove(k);
+                }
+                m.insert("mlp_bias".into(), json!(false));
+                m.insert("pretraining_tp".into(), json!(1));
+                return v;
+            }
+            Family::Mistral => {
+                m.remove("max_window_layers");
+                m.remove("use_sliding_window");
+                m.insert("sliding_window".into(), json!(window));
+                return v;
+            }
+            Family::Qwen2 | Family::Qwen3 => {}
+        }
         if cfg.num_attention_heads == 0 || cfg.hidden_size / cfg.num_attention_heads != cfg.head_dim {
             m.insert("head_dim".into(), json!(cfg.head_dim));
         }
@@ -58,9 +80,17 @@ pub fn config_json(cfg: &Qwen2Config, extras: &HubExtras) -> Value {
     v
 }
 
+/// `FreqFactors` (only ever read from a GGUF) has no config.json form: it is written as none.
 fn rope_scaling_json(s: &RopeScaling) -> Value {
     match s {
-        RopeScaling::None => Value::Null,
+        RopeScaling::None | RopeScaling::FreqFactors(_) => Value::Null,
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
         RopeScaling::Linear { factor } => json!({"type": "linear", "rope_type": "linear", "factor": factor}),
         RopeScaling::Yarn {
             factor,
@@ -97,7 +127,7 @@ fn rope_scaling_json(s: &RopeScaling) -> Value {
     }
 }
 
-pub(super) fn generation_config_json(cfg: &Qwen2Config, eos: &[u32]) -> Value {
+pub(super) fn generation_config_json(cfg: &ModelConfig, eos: &[u32]) -> Value {
     json!({
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": eos,
@@ -122,7 +152,7 @@ mod tests {
         for name in SHAPES {
             let cfg = shape_config(name).unwrap();
             let text = config_json(&cfg, &shape_extras(name).unwrap()).to_string();
-            assert_eq!(Qwen2Config::from_json_str(&text).unwrap(), cfg, "{name}");
+            assert_eq!(ModelConfig::from_json_str(&text).unwrap(), cfg, "{name}");
         }
         let mut cfg = shape_config("qwen2.5-7b").unwrap();
         let extras = shape_extras("qwen2.5-7b").unwrap();
@@ -138,12 +168,12 @@ mod tests {
         };
         cfg.sliding_window_layers = (0..28).map(|l| (l >= 20).then_some(4096)).collect();
         let text = config_json(&cfg, &extras).to_string();
-        assert_eq!(Qwen2Config::from_json_str(&text).unwrap(), cfg);
+        assert_eq!(ModelConfig::from_json_str(&text).unwrap(), cfg);
         cfg.rope.scaling = RopeScaling::Linear { factor: 2.0 };
         cfg.sliding_window_layers = (0..28).map(|l| (l % 2 == 0).then_some(512)).collect();
         cfg.head_dim = 64;
         let text = config_json(&cfg, &extras).to_string();
-        assert_eq!(Qwen2Config::from_json_str(&text).unwrap(), cfg);
+        assert_eq!(ModelConfig::from_json_str(&text).unwrap(), cfg);
     }
 
     #[test]

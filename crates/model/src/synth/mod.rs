@@ -14,7 +14,7 @@ use candle_core::DType;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufTokenizerMeta;
-use crate::gguf_export::{qwen2_tensors, GgufExport, GgufType};
+use crate::gguf_export::{model_tensors, GgufExport, GgufType};
 
 mod hub_config;
 mod shapes;
@@ -72,7 +72,7 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
     if std::fs::read_dir(out).map_err(|e| ModelError::io(out, e))?.next().is_some() {
         return Err(ModelError::Config(format!("{}: output directory is not empty", out.display())));
     }
-    let tensors = qwen2_tensors(&cfg, !cfg.tie_word_embeddings);
+    let tensors = model_tensors(&cfg, !cfg.tie_word_embeddings);
     let parameters: u64 = tensors.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
     let progress = crate::progress::task("writing weights", "tensors", tensors.len() as u64);
 
@@ -117,9 +117,9 @@ mod tests {
 
     use super::*;
     use crate::batch::{ForwardBatch, LogitsRows};
-    use crate::config::Qwen2Config;
+    use crate::config::ModelConfig;
+    use crate::decoder::DecoderModel;
     use crate::kv_cache::ContiguousKvCache;
-    use crate::qwen2::Qwen2Model;
     use crate::source::Checkpoint;
     use candle_core::Device;
 
@@ -137,10 +137,10 @@ mod tests {
     }
 
     /// Load and run one 3-token prefill; logits must be finite and `[3, vocab]`.
-    fn forward_is_finite(spec: &str) -> Qwen2Config {
+    fn forward_is_finite(spec: &str) -> ModelConfig {
         let ck = Checkpoint::open(spec).unwrap();
         let cfg = ck.config.clone();
-        let model = Qwen2Model::load(&cfg, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+        let model = DecoderModel::load(&cfg, &ck.weights, DType::F32, &Device::Cpu).unwrap();
         let mut cache = ContiguousKvCache::for_config(&cfg, DType::F32, &Device::Cpu);
         let mut batch = ForwardBatch::new();
         batch.push(0, 0, &[9707, 11, 151643], LogitsRows::All);
@@ -208,7 +208,7 @@ mod tests {
         synth(&opts(&st, DType::F32, None, 1)).unwrap();
         let (g, s) =
             (Checkpoint::open(f32_gguf.to_str().unwrap()).unwrap(), Checkpoint::open(st.to_str().unwrap()).unwrap());
-        for (name, shape) in qwen2_tensors(&g.config, false) {
+        for (name, shape) in model_tensors(&g.config, false) {
             let a = g.weights.get_dense(&name, &shape, DType::F32, &Device::Cpu).unwrap();
             let b = s.weights.get_dense(&name, &shape, DType::F32, &Device::Cpu).unwrap();
             let diff =

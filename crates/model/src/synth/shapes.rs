@@ -1,15 +1,33 @@
 //! The real models `flint synth` can imitate: each one's geometry, and what its hub files say
-//! beyond [`Qwen2Config`].
+//! beyond [`ModelConfig`].
 
-use crate::config::{Qwen2Config, RopeConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 
 /// The shapes [`shape_config`] knows.
-pub const SHAPES: &[&str] = &["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "deepseek-r1-distill-qwen-1.5b"];
+pub const SHAPES: &[&str] = &[
+    "tiny",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-7b",
+    "deepseek-r1-distill-qwen-1.5b",
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "llama-3.2-1b",
+    "llama-3.1-8b",
+    "mistral-7b",
+];
 
-/// One real model's geometry, plus what its hub files say beyond [`Qwen2Config`].
+/// One real model's geometry, plus what its hub files say beyond [`ModelConfig`].
 pub(super) struct ShapeSpec {
     pub(super) name: &'static str,
+    family: Family,
+    rms_norm_eps: f64,
+    /// Llama 3.1's `llama3` RoPE scaling: (factor, low_freq_factor, high_freq_factor, original).
+    llama3_rope: Option<(f64, f64, f64, usize)>,
+    /// Mistral's window over every layer.
+    window: Option<usize>,
     layers: usize,
     hidden: usize,
     heads: usize,
@@ -28,9 +46,18 @@ pub(super) struct ShapeSpec {
 }
 
 const QWEN25_GEN_EOS: &[u32] = &[151645, 151643];
+const LLAMA3_GEN_EOS: &[u32] = &[128001, 128008, 128009];
+/// Qwen's window keys, as every Qwen3 checkpoint writes them (unused: `use_sliding_window` false).
+const QWEN3_EXTRAS: HubExtras = HubExtras { sliding_window: 32768, max_window_layers: 28 };
+/// Not written for Llama and Mistral (they have no such keys).
+const NO_EXTRAS: HubExtras = HubExtras { sliding_window: 0, max_window_layers: 0 };
 
 const SPECS: &[ShapeSpec] = &[
     ShapeSpec {
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
         name: "tiny",
         layers: 2,
         hidden: 64,
@@ -48,6 +75,10 @@ const SPECS: &[ShapeSpec] = &[
         extras: HubExtras { sliding_window: 4096, max_window_layers: 2 },
     },
     ShapeSpec {
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
         name: "qwen2.5-0.5b",
         layers: 24,
         hidden: 896,
@@ -65,6 +96,10 @@ const SPECS: &[ShapeSpec] = &[
         extras: HubExtras { sliding_window: 32768, max_window_layers: 21 },
     },
     ShapeSpec {
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
         name: "qwen2.5-1.5b",
         layers: 28,
         hidden: 1536,
@@ -82,6 +117,10 @@ const SPECS: &[ShapeSpec] = &[
         extras: HubExtras { sliding_window: 32768, max_window_layers: 21 },
     },
     ShapeSpec {
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
         name: "qwen2.5-7b",
         layers: 28,
         hidden: 3584,
@@ -99,6 +138,10 @@ const SPECS: &[ShapeSpec] = &[
         extras: HubExtras { sliding_window: 131072, max_window_layers: 28 },
     },
     ShapeSpec {
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
         name: "deepseek-r1-distill-qwen-1.5b",
         layers: 28,
         hidden: 1536,
@@ -115,6 +158,133 @@ const SPECS: &[ShapeSpec] = &[
         generation_eos: &[151643],
         extras: HubExtras { sliding_window: 4096, max_window_layers: 21 },
     },
+    ShapeSpec {
+        name: "qwen3-0.6b",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 28,
+        hidden: 1024,
+        heads: 16,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 3072,
+        vocab: 151936,
+        tied: true,
+        theta: 1e6,
+        max_position: 40960,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: QWEN25_GEN_EOS,
+        extras: QWEN3_EXTRAS,
+    },
+    ShapeSpec {
+        name: "qwen3-4b",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 36,
+        hidden: 2560,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 9728,
+        vocab: 151936,
+        tied: true,
+        theta: 1e6,
+        max_position: 40960,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: QWEN25_GEN_EOS,
+        extras: QWEN3_EXTRAS,
+    },
+    ShapeSpec {
+        name: "qwen3-8b",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 36,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 12288,
+        vocab: 151936,
+        tied: false,
+        theta: 1e6,
+        max_position: 40960,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: QWEN25_GEN_EOS,
+        extras: QWEN3_EXTRAS,
+    },
+    ShapeSpec {
+        name: "llama-3.2-1b",
+        family: Family::Llama,
+        rms_norm_eps: 1e-5,
+        llama3_rope: Some((32.0, 1.0, 4.0, 8192)),
+        window: None,
+        layers: 16,
+        hidden: 2048,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 64,
+        ffn: 8192,
+        vocab: 128256,
+        tied: true,
+        theta: 500000.0,
+        max_position: 131072,
+        bos: 128000,
+        eos: 128009,
+        generation_eos: LLAMA3_GEN_EOS,
+        extras: NO_EXTRAS,
+    },
+    ShapeSpec {
+        name: "llama-3.1-8b",
+        family: Family::Llama,
+        rms_norm_eps: 1e-5,
+        llama3_rope: Some((8.0, 1.0, 4.0, 8192)),
+        window: None,
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 14336,
+        vocab: 128256,
+        tied: false,
+        theta: 500000.0,
+        max_position: 131072,
+        bos: 128000,
+        eos: 128009,
+        generation_eos: LLAMA3_GEN_EOS,
+        extras: NO_EXTRAS,
+    },
+    ShapeSpec {
+        // Mistral 7B v0.1: the one with a 4096-token window on every layer.
+        name: "mistral-7b",
+        family: Family::Mistral,
+        rms_norm_eps: 1e-5,
+        llama3_rope: None,
+        window: Some(4096),
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 14336,
+        vocab: 32000,
+        tied: false,
+        theta: 10000.0,
+        max_position: 32768,
+        bos: 1,
+        eos: 2,
+        generation_eos: &[2],
+        extras: NO_EXTRAS,
+    },
 ];
 
 pub(super) fn spec(name: &str) -> Result<&'static ShapeSpec> {
@@ -125,9 +295,19 @@ pub(super) fn spec(name: &str) -> Result<&'static ShapeSpec> {
 }
 
 /// The config of a known shape (see [`SHAPES`]); `torch_dtype` is "bfloat16" as the real ones.
-pub fn shape_config(name: &str) -> Result<Qwen2Config> {
+pub fn shape_config(name: &str) -> Result<ModelConfig> {
     let s = spec(name)?;
-    Ok(Qwen2Config {
+    let scaling = match s.llama3_rope {
+        Some((factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)) => {
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }
+        }
+        None => RopeScaling::None,
+    };
+    Ok(ModelConfig {
+        family: s.family,
+        qkv_bias: s.family == Family::Qwen2,
+        o_bias: false,
+        qk_norm: s.family == Family::Qwen3,
         vocab_size: s.vocab,
         hidden_size: s.hidden,
         intermediate_size: s.ffn,
@@ -136,18 +316,18 @@ pub fn shape_config(name: &str) -> Result<Qwen2Config> {
         num_key_value_heads: s.kv_heads,
         head_dim: s.head_dim,
         max_position_embeddings: s.max_position,
-        rms_norm_eps: 1e-6,
-        rope: RopeConfig { theta: s.theta, scaling: RopeScaling::None },
+        rms_norm_eps: s.rms_norm_eps,
+        rope: RopeConfig { theta: s.theta, scaling },
         tie_word_embeddings: s.tied,
-        // Every shape ships `use_sliding_window: false`: no layer slides.
-        sliding_window_layers: vec![None; s.layers],
+        // Every Qwen shape ships `use_sliding_window: false`: no layer slides; Mistral 7B's all do.
+        sliding_window_layers: vec![s.window; s.layers],
         bos_token_id: Some(s.bos),
         eos_token_ids: vec![s.eos],
         torch_dtype: Some("bfloat16".into()),
     })
 }
 
-/// What a hub config.json carries that [`Qwen2Config`] normalises away: the window a model
+/// What a hub config.json carries that [`ModelConfig`] normalises away: the window a model
 /// declares even when `use_sliding_window` is false (DeepSeek-R1-Distill's 4096, for instance).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubExtras {
@@ -166,7 +346,7 @@ mod tests {
 
     #[test]
     fn unknown_shape_lists_the_known_ones() {
-        let e = shape_config("llama-7b").unwrap_err().to_string();
-        assert!(e.contains("llama-7b") && SHAPES.iter().all(|s| e.contains(s)), "{e}");
+        let e = shape_config("gemma-7b").unwrap_err().to_string();
+        assert!(e.contains("gemma-7b") && SHAPES.iter().all(|s| e.contains(s)), "{e}");
     }
 }

@@ -152,7 +152,7 @@ fn write_shard(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf_export::qwen2_tensors;
+    use crate::gguf_export::model_tensors;
     use crate::source::Checkpoint;
     use crate::synth::{config_json, shape_config, shape_extras, synth_tensor};
     use candle_core::Device;
@@ -164,7 +164,7 @@ mod tests {
         cfg.vocab_size = 1024;
         cfg.tie_word_embeddings = false;
         cfg.torch_dtype = Some("float32".into());
-        let tensors = qwen2_tensors(&cfg, true);
+        let tensors = model_tensors(&cfg, true);
         std::fs::write(dir.path().join("config.json"), config_json(&cfg, &shape_extras("tiny").unwrap()).to_string())
             .unwrap();
         let (files, _) = write_safetensors(

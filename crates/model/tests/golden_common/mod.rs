@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
-use flint_model::{ForwardBatch, KvCache, LogitsRows, Qwen2Model};
+use flint_model::{DecoderModel, ForwardBatch, KvCache, LogitsRows};
 use safetensors::SafeTensors;
 
 /// `fixtures/golden`; `FLINT_FIXTURES` overrides it for a test binary run away from its build tree
@@ -111,7 +111,7 @@ pub fn push(b: &mut ForwardBatch, paged: bool, slot: usize, ctx: usize, toks: &[
 /// A greedy token is only required to match where the reference's top-1/top-2 margin exceeds
 /// `decisive` (quantized or 16-bit compute: a near-tie may legitimately flip).
 pub fn run_with_cache(
-    model: &Qwen2Model,
+    model: &DecoderModel,
     reference: &Reference,
     decisive: f32,
     paged: bool,

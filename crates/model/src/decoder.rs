@@ -1,6 +1,9 @@
-//! The Qwen2 decoder, read top to bottom as candle's `qwen2.rs` (fields named as the checkpoint
-//! names the weights): embed → N × decoder layer (RMSNorm → attention with biased q/k/v and RoPE
-//! → residual → RMSNorm → SiLU-gated MLP → residual) → RMSNorm → lm_head.
+//! The Llama-like decoder of every family flint runs (Qwen2, Qwen3, Llama, Mistral), read top to
+//! bottom as candle's `qwen2.rs` (fields named as the checkpoint names the weights): embed → N ×
+//! decoder layer (RMSNorm → attention with RoPE → residual → RMSNorm → SiLU-gated MLP →
+//! residual) → RMSNorm → lm_head. The families differ only in switches of [`ModelConfig`]: q/k/v
+//! (and o) biases, Qwen3's RMSNorm over each q and k head before RoPE, the RoPE scaling kind and
+//! the sliding window.
 //!
 //! One forward pass runs a [`ForwardBatch`]: the projections and the MLP see every new token of
 //! every sequence at once; attention runs per sequence against the keys and values the caller's
@@ -21,7 +24,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 
 use crate::batch::ForwardBatch;
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kernels::matmul_f32::{Bf16Compute, PackedF32};
 use crate::kernels::rowwise;
@@ -79,7 +82,7 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn load(ld: &Loader, p: &str, cfg: &Qwen2Config) -> Result<Self> {
+    fn load(ld: &Loader, p: &str, cfg: &ModelConfig) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Self {
             gate_proj: ld.linear(&format!("{p}.gate_proj"), i, h, false)?,
@@ -95,13 +98,16 @@ impl Mlp {
     }
 }
 
-/// Grouped-query self-attention: biased q/k/v projections, RoPE on q and k, attention against
-/// the cache (causal, within the layer's sliding window if it has one), o_proj.
+/// Grouped-query self-attention: q/k/v projections (biased in Qwen2), Qwen3's per-head q/k norm,
+/// RoPE on q and k, attention against the cache (causal, within the layer's sliding window if it
+/// has one), o_proj.
 struct Attention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -109,14 +115,20 @@ struct Attention {
 }
 
 impl Attention {
-    fn load(ld: &Loader, p: &str, cfg: &Qwen2Config, sliding_window: Option<usize>) -> Result<Self> {
+    fn load(ld: &Loader, p: &str, cfg: &ModelConfig, sliding_window: Option<usize>) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        let (bias, eps) = (cfg.qkv_bias, cfg.rms_norm_eps);
+        let head_norm = |name: &str| -> Result<Option<RmsNorm>> {
+            cfg.qk_norm.then(|| ld.rms_norm(&format!("{p}.{name}"), d, eps)).transpose()
+        };
         Ok(Self {
-            q_proj: ld.linear(&format!("{p}.q_proj"), nq, h, true)?,
-            k_proj: ld.linear(&format!("{p}.k_proj"), nkv, h, true)?,
-            v_proj: ld.linear(&format!("{p}.v_proj"), nkv, h, true)?,
-            o_proj: ld.linear(&format!("{p}.o_proj"), h, nq, false)?,
+            q_proj: ld.linear(&format!("{p}.q_proj"), nq, h, bias)?,
+            k_proj: ld.linear(&format!("{p}.k_proj"), nkv, h, bias)?,
+            v_proj: ld.linear(&format!("{p}.v_proj"), nkv, h, bias)?,
+            o_proj: ld.linear(&format!("{p}.o_proj"), h, nq, cfg.o_bias)?,
+            q_norm: head_norm("q_norm")?,
+            k_norm: head_norm("k_norm")?,
             num_heads: cfg.num_attention_heads,
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: d,
@@ -149,7 +161,7 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn load(ld: &Loader, cfg: &Qwen2Config, l: usize) -> Result<Self> {
+    fn load(ld: &Loader, cfg: &ModelConfig, l: usize) -> Result<Self> {
         let p = format!("model.layers.{l}");
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let window = cfg.sliding_window_layers.get(l).copied().flatten();
@@ -210,8 +222,8 @@ impl Embedding {
     }
 }
 
-pub struct Qwen2Model {
-    cfg: Qwen2Config,
+pub struct DecoderModel {
+    cfg: ModelConfig,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -221,10 +233,10 @@ pub struct Qwen2Model {
     device: Device,
 }
 
-impl Qwen2Model {
+impl DecoderModel {
     /// Build the model from `weights`, checking every tensor's shape against `cfg`.
     /// Dense weights are converted to `dtype` (the compute dtype; f32 on CPU).
-    pub fn load(cfg: &Qwen2Config, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn load(cfg: &ModelConfig, weights: &WeightSource, dtype: DType, device: &Device) -> Result<Self> {
         crate::device::check_dtype(device, dtype)?;
         let ld = Loader { weights, dtype, device };
         let h = cfg.hidden_size;
@@ -272,7 +284,7 @@ impl Qwen2Model {
         })
     }
 
-    pub fn config(&self) -> &Qwen2Config {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -433,6 +445,11 @@ impl Ops {
                         [vec(&attn.q_proj)?, vec(&attn.k_proj)?, vec(&attn.v_proj)?]
                     }
                 };
+                for (x, norm) in [(&mut q, &attn.q_norm), (&mut k, &attn.k_norm)] {
+                    if let Some(norm) = norm {
+                        rowwise::with_f32(&norm.weight, |w| rowwise::rms_norm_heads(x, d, w, norm.eps))?;
+                    }
+                }
                 rowwise::rope(&mut q, n, hq, d, cos, sin);
                 rowwise::rope(&mut k, n, hkv, d, cos, sin);
                 let dev = x.device();
@@ -440,8 +457,14 @@ impl Ops {
                 Ok([q, k, Tensor::from_vec(v, (n, hkv, d), dev)?])
             }
             Ops::Candle { cos, sin } => {
-                let q = apply_rope(&attn.q_proj.forward(x)?.reshape((n, hq, d))?, cos, sin)?;
-                let k = apply_rope(&attn.k_proj.forward(x)?.reshape((n, hkv, d))?, cos, sin)?;
+                let head_norm = |t: Tensor, norm: &Option<RmsNorm>| match norm {
+                    Some(norm) => norm.forward(&t),
+                    None => Ok(t),
+                };
+                let q = head_norm(attn.q_proj.forward(x)?.reshape((n, hq, d))?, &attn.q_norm)?;
+                let k = head_norm(attn.k_proj.forward(x)?.reshape((n, hkv, d))?, &attn.k_norm)?;
+                let q = apply_rope(&q, cos, sin)?;
+                let k = apply_rope(&k, cos, sin)?;
                 let v = attn.v_proj.forward(x)?.reshape((n, hkv, d))?;
                 Ok([q, k, v])
             }
