@@ -23,6 +23,7 @@ use candle_core::DType;
 use clap::{Parser, Subcommand};
 use flint_engine::tokenizer::Tokenizer;
 use flint_engine::{generate, GenerateRequest, LoadedModel, RequestParams, SamplingParams};
+use flint_model::config::Family;
 use flint_model::gguf_export::GgufType;
 use flint_model::synth::{synth, SynthOptions, SHAPES};
 
@@ -292,8 +293,20 @@ fn run_synth(a: SynthArgs) -> Result<()> {
     };
     let tok = Tokenizer::builtin_qwen()?;
     let cfg = flint_model::synth::shape_config(&a.shape)?;
+    // The one tokenizer flint ships is Qwen's: it fits the Qwen families' vocabulary, not Llama
+    // 3's (128,256 ids) or Mistral's (32,000), whose tokenizers are not in any package we may
+    // ship. Those shapes are written without one (for `bench latency`/`throughput`, which feed
+    // token ids); to serve one, put the real model's tokenizer files beside it.
+    let qwen_vocab = matches!(cfg.family, Family::Qwen2 | Family::Qwen3);
+    if !qwen_vocab {
+        eprintln!(
+            "note: {} is written without a tokenizer (flint ships only Qwen's); copy the real model's \
+             tokenizer.json and tokenizer_config.json beside it to serve it",
+            a.shape
+        );
+    }
     let gguf_tokenizer = match a.gguf {
-        Some(_) => {
+        Some(_) if qwen_vocab => {
             // The GGUF carries the chat template too, as llama.cpp's converter writes it.
             let mut meta = tok.to_gguf_meta(cfg.vocab_size)?;
             let tc: serde_json::Value = serde_json::from_str(flint_engine::loader::QWEN_TOKENIZER_CONFIG)?;
@@ -301,7 +314,12 @@ fn run_synth(a: SynthArgs) -> Result<()> {
             meta.padding_token_id = tc.get("pad_token").and_then(|t| t.as_str()).and_then(|t| tok.token_to_id(t));
             Some(meta)
         }
-        None => None,
+        _ => None,
+    };
+    let (tokenizer_json, tokenizer_config_json) = if qwen_vocab {
+        (Some(Tokenizer::builtin_qwen_json()?), Some(flint_engine::loader::QWEN_TOKENIZER_CONFIG.as_bytes().to_vec()))
+    } else {
+        (None, None)
     };
     let started = std::time::Instant::now();
     let report = synth(&SynthOptions {
@@ -310,8 +328,8 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         dtype,
         gguf: a.gguf,
         seed: a.seed,
-        tokenizer_json: Some(Tokenizer::builtin_qwen_json()?),
-        tokenizer_config_json: Some(flint_engine::loader::QWEN_TOKENIZER_CONFIG.as_bytes().to_vec()),
+        tokenizer_json,
+        tokenizer_config_json,
         gguf_tokenizer,
     })?;
     eprintln!("wrote {} ({report:?}) in {:.1}s", a.out.display(), started.elapsed().as_secs_f64());

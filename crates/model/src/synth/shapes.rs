@@ -7,6 +7,7 @@ use crate::error::{ModelError, Result};
 /// The shapes [`shape_config`] knows.
 pub const SHAPES: &[&str] = &[
     "tiny",
+    "tiny-qwen3",
     "qwen2.5-0.5b",
     "qwen2.5-1.5b",
     "qwen2.5-7b",
@@ -157,6 +158,28 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151643,
         generation_eos: &[151643],
         extras: HubExtras { sliding_window: 4096, max_window_layers: 21 },
+    },
+    ShapeSpec {
+        // Qwen3's switches at test size: head_dim 32 with hidden 64 and 4 heads (not 16).
+        name: "tiny-qwen3",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 2,
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        ffn: 128,
+        vocab: 151936,
+        tied: true,
+        theta: 1e6,
+        max_position: 4096,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: QWEN25_GEN_EOS,
+        extras: QWEN3_EXTRAS,
     },
     ShapeSpec {
         name: "qwen3-0.6b",
