@@ -403,6 +403,7 @@ fn small_vocab() -> GgufTokenizerMeta {
         bos_token_id: None,
         eos_token_id: Some(9),
         padding_token_id: Some(7),
+        add_bos_token: None,
         chat_template: Some(
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into(),
         ),

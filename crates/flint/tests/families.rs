@@ -73,3 +73,90 @@ async fn qwen3_serves_from_safetensors_and_gguf() {
     }
     assert_eq!(answers[0], answers[1], "the f32 GGUF holds the safetensors' numbers");
 }
+
+/// The id of `<|begin_of_text|>` in [`llama_style_tokenizer`] (`<|eot_id|>` follows it).
+const BOS: u32 = 45;
+
+/// A tokenizer as a Llama 3 GGUF stores it, at the golden model's 512 ids: byte-level BPE named
+/// `llama-bpe`, the special tokens after the ordinary ones, `<|begin_of_text|>` added in front
+/// of a prompt, a template that writes it itself.
+fn llama_style_tokenizer() -> flint_model::gguf::GgufTokenizerMeta {
+    let merges = ["h i", "Ġ t", "h e", "Ġt he", "Ġthe r", "1 2", "12 3"].map(String::from).to_vec();
+    let mut tokens: Vec<String> = "abcdefghijklmnopqrstuvwxyzĠĊ0123456789".chars().map(String::from).collect();
+    tokens.extend(merges.iter().map(|m| m.replace(' ', "")));
+    let mut types = vec![1; tokens.len()];
+    // As in a real Llama 3 file: the special tokens right after the ordinary ones.
+    assert_eq!(tokens.len(), BOS as usize);
+    tokens.extend(["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"].map(String::from));
+    types.extend([3, 3, 3, 3]);
+    while tokens.len() < 512 {
+        tokens.push(format!("[PAD{}]", tokens.len()));
+        types.push(5);
+    }
+    flint_model::gguf::GgufTokenizerMeta {
+        model: "gpt2".into(),
+        pre: Some("llama-bpe".into()),
+        tokens,
+        token_types: types,
+        merges,
+        bos_token_id: Some(BOS),
+        eos_token_id: Some(BOS + 1),
+        padding_token_id: Some(BOS + 1),
+        add_bos_token: Some(true),
+        chat_template: Some(
+            "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n\
+             {{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant\
+             <|end_header_id|>\n\n{% endif %}"
+                .into(),
+        ),
+    }
+}
+
+/// A Llama GGUF in llama.cpp's layout (q/k rows permuted, `rope_freqs`) with its own
+/// `llama-bpe` tokenizer serves: a completion's prompt gets the BOS in front (as vLLM encodes
+/// completions), a chat prompt only the template's, and generation runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_gguf_with_its_own_tokenizer_serves() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/families/llama3");
+    let ck = flint_model::source::Checkpoint::open(fixture.to_str().unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("llama.gguf");
+    let meta = llama_style_tokenizer();
+    let mut cfg = ck.config.clone();
+    (cfg.bos_token_id, cfg.eos_token_ids) = (Some(BOS), vec![BOS + 1]);
+    let ty = flint_model::gguf_export::GgufType::F32;
+    flint_model::gguf_export::export_checkpoint(&ck.weights, &cfg, &gguf, ty, Some(&meta), "llama").unwrap();
+    let text = inspect(&gguf);
+    assert!(text.contains("LlamaForCausalLM") && text.contains("rope_freqs"), "{text}");
+
+    // A load failure is one line on the CLI: show it rather than a server that never starts.
+    let o = flint()
+        .args(["generate", "--model"])
+        .arg(&gguf)
+        .args(["--prompt", "hi", "--max-tokens", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = start(&["--model", gguf.to_str().unwrap()], Some(tmp)).await;
+    let (st, r) = post(&s, "/tokenize", json!({"prompt": "hi there 12345"})).await;
+    assert_eq!(st, 200, "{r}");
+    let ids: Vec<u64> = r["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(ids[0], BOS as u64, "BOS first: {ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == BOS as u64).count(), 1, "{ids:?}");
+    // "12345": digits in runs of three, then merged ("123", "4", "5").
+    let t123 = meta.tokens.iter().position(|t| t == "123").unwrap() as u64;
+    assert!(ids.contains(&t123), "{ids:?}");
+
+    let (st, r) = post(&s, "/v1/completions", json!({"prompt": "hi there", "max_tokens": 4, "temperature": 0})).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], 4, "BOS, hi, Ġther, e: {r}");
+    assert_eq!(r["usage"]["completion_tokens"], 4, "{r}");
+
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let (_, r) = post(&s, "/tokenize", json!({"messages": msgs})).await;
+    let chat: Vec<u64> = r["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(chat.iter().filter(|&&t| t == BOS as u64).count(), 1, "only the template's BOS: {chat:?}");
+    assert_eq!(chat[0], BOS as u64);
+    let (st, r) = post(&s, "/v1/chat/completions", json!({"messages": msgs, "max_tokens": 3})).await;
+    assert_eq!(st, 200, "{r}");
+}

@@ -128,6 +128,9 @@ pub struct GgufTokenizerMeta {
     pub eos_token_id: Option<u32>,
     /// `pad_token` of tokenizer_config.json (Qwen: `<|endoftext|>`); the exporter falls back to eos.
     pub padding_token_id: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`: whether encoding with special tokens puts the BOS id
+    /// first (Llama 3: true; Qwen: false or absent).
+    pub add_bos_token: Option<bool>,
     pub chat_template: Option<String>,
 }
 
@@ -148,6 +151,10 @@ impl GgufTokenizerMeta {
             bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
             eos_token_id: m.token_id("tokenizer.ggml.eos_token_id"),
             padding_token_id: m.token_id("tokenizer.ggml.padding_token_id"),
+            add_bos_token: match m.get("tokenizer.ggml.add_bos_token") {
+                Some(Value::Bool(b)) => Some(*b),
+                _ => None,
+            },
             chat_template: m.string("tokenizer.chat_template"),
         })
     }

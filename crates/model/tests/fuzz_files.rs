@@ -77,6 +77,7 @@ fn tiny_tokenizer() -> GgufTokenizerMeta {
         bos_token_id: None,
         eos_token_id: Some(29),
         padding_token_id: Some(27),
+        add_bos_token: None,
         chat_template: Some(
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}".into(),
         ),

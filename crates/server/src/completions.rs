@@ -100,7 +100,9 @@ fn tokenize(model: &ServingModel, prompts: Prompts) -> ApiResult<Vec<Vec<u32>>> 
     };
     let mut out = Vec::with_capacity(texts.len());
     for t in &texts {
-        let ids = encode_bounded(&model.tokenizer, t, false, model.max_model_len).map_err(|e| e.into_api("prompt"))?;
+        // With special tokens, as vLLM's completions: a tokenizer that adds a BOS (Llama 3's)
+        // puts it first; Qwen's adds nothing.
+        let ids = encode_bounded(&model.tokenizer, t, true, model.max_model_len).map_err(|e| e.into_api("prompt"))?;
         if ids.is_empty() {
             return Err(ApiError::invalid("prompt", "a prompt encodes to no tokens"));
         }

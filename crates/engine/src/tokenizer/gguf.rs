@@ -1,7 +1,8 @@
 //! The tokenizer as llama.cpp stores it in GGUF metadata (`tokenizer.ggml.*`), both ways:
 //! building a [`Tokenizer`] from a GGUF file's vocabulary and merges, and exporting one for the
 //! GGUF writer. Kept apart from the `tokenizer.json` path because GGUF carries no pre-tokenizer,
-//! normaliser or decoder: for Qwen2 they are rebuilt here.
+//! normaliser or decoder: they are rebuilt here for the two byte-level BPE families llama.cpp
+//! names in `tokenizer.ggml.pre`, Qwen2's and Llama 3's.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -9,6 +10,8 @@ use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::sequence::Sequence as PostSequence;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{
     AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
     SplitDelimiterBehavior, TokenizerBuilder,
@@ -21,6 +24,36 @@ use super::{GgufTokenizerMeta, Result, Tokenizer, TokenizerError};
 /// carry the regex, so it has to live here.
 const QWEN2_SPLIT_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Llama 3's split regex, as in its `tokenizer.json` (llama.cpp's `LLAMA3` pre-type): Qwen2's
+/// but with digits in runs of up to three.
+const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenization a GGUF's `tokenizer.ggml.pre` names, by llama.cpp's names for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PreTokenizerKind {
+    /// `qwen2`, `deepseek-r1-qwen`: Qwen2's regex after NFC normalisation.
+    Qwen2,
+    /// `llama3`, `llama-v3`, `llama-bpe`: Llama 3's regex, no normaliser.
+    Llama3,
+}
+
+impl PreTokenizerKind {
+    fn from_gguf(pre: Option<&str>) -> Option<Self> {
+        match pre? {
+            "qwen2" | "deepseek-r1-qwen" => Some(Self::Qwen2),
+            "llama3" | "llama-v3" | "llama-bpe" => Some(Self::Llama3),
+            _ => None,
+        }
+    }
+
+    fn regex(self) -> &'static str {
+        match self {
+            Self::Qwen2 => QWEN2_SPLIT_REGEX,
+            Self::Llama3 => LLAMA3_SPLIT_REGEX,
+        }
+    }
+}
 
 /// GGUF token types as defined by llama.cpp (`llama_token_type`).
 pub mod gguf_token_type {
@@ -46,9 +79,39 @@ fn is_pad_entry(token: &str, id: usize) -> bool {
         .is_some_and(|digits| digits.parse::<usize>().ok() == Some(id))
 }
 
+/// Byte-level offsets, then (`tokenizer.ggml.add_bos_token`) the BOS id in front of a text
+/// encoded with special tokens, as Llama 3's `tokenizer.json` does. A chat prompt is encoded
+/// without them: its template writes the BOS itself.
+fn post_processor(meta: &GgufTokenizerMeta, byte_level: ByteLevel) -> Result<PostProcessorWrapper> {
+    let bos = match (meta.add_bos_token, meta.bos_token_id) {
+        (Some(true), Some(id)) => meta.tokens.get(id as usize).map(|t| (t.clone(), id)),
+        (Some(true), None) => {
+            return Err(TokenizerError::Gguf {
+                field: "tokenizer.ggml.bos_token_id",
+                reason: "add_bos_token is true but no BOS id is given".into(),
+            })
+        }
+        _ => None,
+    };
+    let Some((token, id)) = bos else { return Ok(PostProcessorWrapper::ByteLevel(byte_level)) };
+    let err = |e: String| TokenizerError::Gguf { field: "tokenizer.ggml.add_bos_token", reason: e };
+    let template = TemplateProcessing::builder()
+        .try_single(format!("{token} $A"))
+        .and_then(|b| b.try_pair(format!("{token} $A {token} $B:1")))
+        .map_err(err)?
+        .special_tokens(vec![(token.clone(), id)])
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    Ok(PostProcessorWrapper::Sequence(PostSequence::new(vec![
+        PostProcessorWrapper::ByteLevel(byte_level),
+        PostProcessorWrapper::Template(template),
+    ])))
+}
+
 impl Tokenizer {
-    /// Builds the tokenizer described by llama.cpp GGUF metadata for Qwen2-style models:
-    /// byte-level BPE with Qwen2's split regex and NFC normalisation. Control (type 3) and
+    /// Builds the tokenizer described by llama.cpp GGUF metadata: byte-level BPE with Qwen2's
+    /// split regex and NFC normalisation, or Llama 3's regex and no normaliser, BOS added when
+    /// the file says so. Control (type 3) and
     /// user-defined (type 4) tokens become added tokens, `special` for control tokens only
     /// so that `skip_special_tokens` behaves as with the original `tokenizer.json`
     /// (where e.g. `<think>` is an added but non-special token). `[PAD<id>]`/unused
@@ -65,15 +128,15 @@ impl Tokenizer {
                 ),
             });
         }
-        match meta.pre.as_deref() {
-            Some("qwen2") => {}
-            other => {
-                return Err(TokenizerError::Gguf {
-                    field: "tokenizer.ggml.pre",
-                    reason: format!("unsupported pre-tokenizer {other:?} (only \"qwen2\")"),
-                })
-            }
-        }
+        let Some(kind) = PreTokenizerKind::from_gguf(meta.pre.as_deref()) else {
+            return Err(TokenizerError::Gguf {
+                field: "tokenizer.ggml.pre",
+                reason: format!(
+                    "unsupported pre-tokenizer {:?} (supported: qwen2, deepseek-r1-qwen, llama3, llama-v3, llama-bpe)",
+                    meta.pre
+                ),
+            });
+        };
         if meta.token_types.len() != meta.tokens.len() {
             return Err(TokenizerError::Gguf {
                 field: "tokenizer.ggml.token_type",
@@ -126,9 +189,8 @@ impl Tokenizer {
         let gguf_err =
             |field: &'static str| move |e: tokenizers::Error| TokenizerError::Gguf { field, reason: e.to_string() };
         let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(gguf_err("tokenizer.ggml.merges"))?;
-        let split =
-            Split::new(SplitPattern::Regex(QWEN2_SPLIT_REGEX.to_string()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(gguf_err("tokenizer.ggml.pre"))?;
+        let split = Split::new(SplitPattern::Regex(kind.regex().to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(gguf_err("tokenizer.ggml.pre"))?;
         let byte_level = ByteLevel::new(false, false, false);
         let pre = Sequence::new(vec![PreTokenizerWrapper::Split(split), PreTokenizerWrapper::ByteLevel(byte_level)]);
         let built = TokenizerBuilder::<
@@ -139,9 +201,9 @@ impl Tokenizer {
             DecoderWrapper,
         >::new()
         .with_model(ModelWrapper::BPE(bpe))
-        .with_normalizer(Some(NormalizerWrapper::NFC(NFC)))
+        .with_normalizer((kind == PreTokenizerKind::Qwen2).then_some(NormalizerWrapper::NFC(NFC)))
         .with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(pre)))
-        .with_post_processor(Some(PostProcessorWrapper::ByteLevel(byte_level)))
+        .with_post_processor(Some(post_processor(meta, byte_level)?))
         .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::new(false, false, false))))
         .build()
         .map_err(gguf_err("tokenizer.ggml.tokens"))?;
@@ -242,6 +304,7 @@ impl Tokenizer {
             bos_token_id: None,
             eos_token_id: None,
             padding_token_id: None,
+            add_bos_token: None,
             chat_template: None,
         })
     }
@@ -280,12 +343,65 @@ mod tests {
         assert_eq!(g.to_gguf_meta(151_936).unwrap(), meta);
     }
 
+    fn pieces(t: &Tokenizer, text: &str) -> Vec<String> {
+        use tokenizers::PreTokenizer;
+        let mut s = tokenizers::PreTokenizedString::from(text);
+        t.inner.get_pre_tokenizer().unwrap().pre_tokenize(&mut s).unwrap();
+        s.get_splits(tokenizers::OffsetReferential::Original, tokenizers::OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.to_string())
+            .collect()
+    }
+
+    /// A Llama 3 GGUF (`pre` "llama-bpe", `add_bos_token`): its regex groups digits by three
+    /// (Qwen2's splits each), it does not NFC-normalise, and encoding with special tokens puts
+    /// the BOS first, once, while a chat prompt (encoded without them) keeps only its own.
+    #[test]
+    fn llama3_pre_tokenizer_and_bos() {
+        let qwen_meta = qwen().to_gguf_meta(qwen().len()).unwrap();
+        let mut meta = qwen_meta.clone();
+        meta.pre = Some("llama-bpe".into());
+        meta.add_bos_token = Some(true);
+        meta.bos_token_id = Some(151_643);
+        let llama = Tokenizer::from_gguf(&meta).unwrap();
+        let qwen2 = Tokenizer::from_gguf(&qwen_meta).unwrap();
+        let text = "In 2024, 1234567 DON'T";
+        let got = pieces(&llama, text);
+        assert!(got.iter().any(|p| p == "202") && got.iter().any(|p| p == "123"), "{got:?}");
+        assert!(got.iter().any(|p| p == "'T"), "contractions are case-insensitive: {got:?}");
+        let got = pieces(&qwen2, text);
+        assert!(got.iter().any(|p| p == "2") && !got.iter().any(|p| p == "202"), "{got:?}");
+
+        let plain = llama.encode("Hi there", false).unwrap();
+        let with_bos = llama.encode("Hi there", true).unwrap();
+        assert_eq!(with_bos[0], 151_643);
+        assert_eq!(&with_bos[1..], plain.as_slice());
+        assert_eq!(qwen2.encode("Hi there", true).unwrap(), qwen2.encode("Hi there", false).unwrap(), "Qwen: no BOS");
+        let chat = llama.encode("<|endoftext|>Hi", false).unwrap();
+        assert_eq!(chat.iter().filter(|&&t| t == 151_643).count(), 1, "the template's BOS only");
+
+        // "é" decomposed: Qwen2 composes it (NFC), Llama 3 keeps the two code points.
+        let decomposed = "e\u{301}";
+        assert_ne!(llama.encode(decomposed, false).unwrap(), qwen2.encode(decomposed, false).unwrap());
+        assert_eq!(qwen2.encode(decomposed, false).unwrap(), qwen2.encode("\u{e9}", false).unwrap());
+
+        meta.bos_token_id = None;
+        let err = Tokenizer::from_gguf(&meta).unwrap_err().to_string();
+        assert!(err.contains("bos_token_id"), "{err}");
+        let mut deepseek = qwen_meta;
+        deepseek.pre = Some("deepseek-r1-qwen".into());
+        assert_eq!(
+            Tokenizer::from_gguf(&deepseek).unwrap().encode(text, true).unwrap(),
+            qwen2.encode(text, true).unwrap()
+        );
+    }
+
     #[test]
     fn gguf_errors_name_the_field() {
         let mut meta = qwen().to_gguf_meta(qwen().len()).unwrap();
-        meta.pre = Some("llama-bpe".into());
+        meta.pre = Some("gpt-4o".into());
         let err = Tokenizer::from_gguf(&meta).unwrap_err().to_string();
-        assert!(err.contains("tokenizer.ggml.pre"), "{err}");
+        assert!(err.contains("tokenizer.ggml.pre") && err.contains("llama-bpe"), "{err}");
 
         let mut meta = qwen().to_gguf_meta(qwen().len()).unwrap();
         meta.merges[3] = "nospace".into();

@@ -174,7 +174,7 @@ impl GgufExport<'_> {
             if let Some(p) = t.padding_token_id.or(eos) {
                 put("tokenizer.ggml.padding_token_id", GgufValue::U32(p));
             }
-            put("tokenizer.ggml.add_bos_token", GgufValue::Bool(false));
+            put("tokenizer.ggml.add_bos_token", GgufValue::Bool(t.add_bos_token.unwrap_or(false)));
             if let Some(tpl) = &t.chat_template {
                 put("tokenizer.chat_template", GgufValue::Str(tpl.clone()));
             }
@@ -213,6 +213,7 @@ mod tests {
             bos_token_id: None,
             eos_token_id: Some(1),
             padding_token_id: None,
+            add_bos_token: None,
             chat_template: Some("{{ x }}".into()),
         };
         let export = GgufExport { config: &cfg, name: "t".into(), tokenizer: Some(&tok), ty: GgufType::Q8_0 };
