@@ -11,6 +11,7 @@ mod inspect;
 mod plot;
 mod progress;
 mod serve;
+mod stand_in_tokenizer;
 mod telemetry;
 mod workers;
 
@@ -295,10 +296,17 @@ fn run_synth(a: SynthArgs) -> Result<()> {
     let cfg = flint_model::synth::shape_config(&a.shape)?;
     // The one tokenizer flint ships is Qwen's: it fits the Qwen families' vocabulary, not Llama
     // 3's (128,256 ids) or Mistral's (32,000), whose tokenizers are not in any package we may
-    // ship. Those shapes are written without one (for `bench latency`/`throughput`, which feed
-    // token ids); to serve one, put the real model's tokenizer files beside it.
+    // ship. A Llama GGUF gets a stand-in laid out as Llama 3's (so `flint bench` and llama.cpp
+    // load it); safetensors Llama and Mistral shapes are written without one.
     let qwen_vocab = matches!(cfg.family, Family::Qwen2 | Family::Qwen3);
-    if !qwen_vocab {
+    let stand_in = a.gguf.is_some() && cfg.family == Family::Llama;
+    if stand_in {
+        eprintln!(
+            "note: {} carries a stand-in tokenizer laid out as Llama 3's (Qwen's merges): for benchmarks, \
+             not for text",
+            a.shape
+        );
+    } else if !qwen_vocab {
         eprintln!(
             "note: {} is written without a tokenizer (flint ships only Qwen's); copy the real model's \
              tokenizer.json and tokenizer_config.json beside it to serve it",
@@ -306,6 +314,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         );
     }
     let gguf_tokenizer = match a.gguf {
+        Some(_) if stand_in => Some(stand_in_tokenizer::llama3_stand_in(&tok, cfg.vocab_size)?),
         Some(_) if qwen_vocab => {
             // The GGUF carries the chat template too, as llama.cpp's converter writes it.
             let mut meta = tok.to_gguf_meta(cfg.vocab_size)?;

@@ -174,10 +174,10 @@ fn unknown_architecture_is_one_line() {
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&fixtures().join("small-f32"), tmp.path());
     let cfg_path = tmp.path().join("config.json");
-    let cfg = std::fs::read_to_string(&cfg_path).unwrap().replace("Qwen2ForCausalLM", "LlamaForCausalLM");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap().replace("Qwen2ForCausalLM", "GemmaForCausalLM");
     std::fs::write(&cfg_path, cfg).unwrap();
     let o = flint(&["inspect", "--model", tmp.path().to_str().unwrap()]);
-    assert_one_line_error(&o, &["config.json", "LlamaForCausalLM"]);
+    assert_one_line_error(&o, &["config.json", "GemmaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"]);
 }
 
 #[test]
