@@ -173,7 +173,7 @@ struct RawConfig {
     tie_word_embeddings: bool,
     #[serde(default)]
     use_sliding_window: bool,
-    /// `None` when absent, `Some(None)` when null: Mistral's default window applies only to the first.
+    /// `None` when absent, `Some(None)` when null: Mistral's default window applies only when absent.
     #[serde(default, deserialize_with = "present")]
     sliding_window: Option<Option<usize>>,
     max_window_layers: Option<usize>,
