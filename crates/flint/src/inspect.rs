@@ -27,6 +27,14 @@ pub struct InspectArgs {
 }
 
 pub fn run(a: InspectArgs) -> Result<()> {
+    // `flint inspect | head` closes stdout early: end quietly, as Unix tools do, rather than
+    // panic in `println!`. Only this command resets SIGPIPE; the server keeps Rust's ignored one.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal, before any thread of this
+    // command starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     if a.block_size.is_some_and(|b| b == 0 || b > 1024) {
         bail!("--block-size must be between 1 and 1024");
     }

@@ -452,3 +452,23 @@ fn generate_with_a_quantized_self_draft_keeps_the_greedy_text() {
         assert!(errors[0].contains(n), "`{n}` missing from: {err}");
     }
 }
+
+/// A reader that has gone (`flint inspect | head -1`) ends the command quietly, not in a panic.
+/// The pipe is closed before the command can print (it opens the checkpoint first).
+#[test]
+fn inspect_into_a_closed_pipe_does_not_panic() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["inspect", "--model", fixtures().join("small-f32").to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child.stderr.as_mut().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(status.code(), Some(101), "a panic's exit code: {err}");
+}

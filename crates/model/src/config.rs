@@ -242,7 +242,9 @@ impl ModelConfig {
             }
         }
         if raw.num_attention_heads == 0
-            || (!raw.hidden_size.is_multiple_of(raw.num_attention_heads) && raw.head_dim.is_none())
+            || (!raw.hidden_size.is_multiple_of(raw.num_attention_heads)
+                && raw.head_dim.is_none()
+                && family != Family::Qwen3)
         {
             return Err(ModelError::Config(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
@@ -746,6 +748,9 @@ mod tests {
         m.insert("hidden_size".into(), serde_json::json!(1024));
         m.insert("num_attention_heads".into(), serde_json::json!(16));
         assert_eq!(parse(&m).unwrap().head_dim, 128, "Qwen3-0.6B: 1024 / 16 would be 64");
+        m.insert("num_attention_heads".into(), serde_json::json!(24));
+        assert_eq!(parse(&m).unwrap().head_dim, 128, "hidden need not divide by the heads when head_dim is 128");
+        m.insert("num_attention_heads".into(), serde_json::json!(16));
         assert!(c.qk_norm && !c.qkv_bias);
         m.insert("use_sliding_window".into(), serde_json::json!(true));
         m.insert("sliding_window".into(), serde_json::json!(512));
