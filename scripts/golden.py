@@ -158,15 +158,19 @@ def full_config() -> dict:
 
 
 def make_weights(cfg: dict, seed: int, embed_std: float = 1.0) -> dict:
-    """Qwen2 weights with O(1) activations: linear N(0, 1/fan_in) (std 1/sqrt(fan_in)),
-    q/k/v biases std 0.5, norm weights 1 + N(0, 0.1^2), embeddings N(0, embed_std^2)."""
+    """Weights with O(1) activations: linear N(0, 1/fan_in) (std 1/sqrt(fan_in)), q/k/v biases
+    std 0.5 (Qwen2 only), Qwen3's q/k head norms and the other norm weights 1 + N(0, 0.1^2),
+    embeddings N(0, embed_std^2). One generator, tensors drawn in checkpoint order, so the other
+    families' fixtures (scripts/golden_families.py) share this function."""
     g = torch.Generator().manual_seed(seed)
     H = cfg["hidden_size"]
     I = cfg["intermediate_size"]
     V = cfg["vocab_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg["num_key_value_heads"]
-    hd = H // nh
+    hd = cfg.get("head_dim") or H // nh
+    bias = cfg["model_type"] == "qwen2"
+    qk_norm = cfg["model_type"] == "qwen3"
 
     def randn(*shape, std=1.0, mean=0.0):
         return torch.randn(*shape, generator=g, dtype=torch.float32) * std + mean
@@ -178,13 +182,14 @@ def make_weights(cfg: dict, seed: int, embed_std: float = 1.0) -> dict:
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = randn(H, std=0.1, mean=1.0)
-        w[p + "self_attn.q_proj.weight"] = linear(nh * hd, H)
-        w[p + "self_attn.q_proj.bias"] = randn(nh * hd, std=0.5)
-        w[p + "self_attn.k_proj.weight"] = linear(nkv * hd, H)
-        w[p + "self_attn.k_proj.bias"] = randn(nkv * hd, std=0.5)
-        w[p + "self_attn.v_proj.weight"] = linear(nkv * hd, H)
-        w[p + "self_attn.v_proj.bias"] = randn(nkv * hd, std=0.5)
+        for name, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            w[p + f"self_attn.{name}_proj.weight"] = linear(rows, H)
+            if bias:
+                w[p + f"self_attn.{name}_proj.bias"] = randn(rows, std=0.5)
         w[p + "self_attn.o_proj.weight"] = linear(H, nh * hd)
+        if qk_norm:
+            w[p + "self_attn.q_norm.weight"] = randn(hd, std=0.1, mean=1.0)
+            w[p + "self_attn.k_norm.weight"] = randn(hd, std=0.1, mean=1.0)
         w[p + "post_attention_layernorm.weight"] = randn(H, std=0.1, mean=1.0)
         w[p + "mlp.gate_proj.weight"] = linear(I, H)
         w[p + "mlp.up_proj.weight"] = linear(I, H)
@@ -473,6 +478,8 @@ def gguf_name(hf: str) -> str:
         "self_attn.v_proj.weight": "attn_v.weight",
         "self_attn.v_proj.bias": "attn_v.bias",
         "self_attn.o_proj.weight": "attn_output.weight",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
         "post_attention_layernorm.weight": "ffn_norm.weight",
         "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight",

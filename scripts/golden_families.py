@@ -112,68 +112,15 @@ def family_config(family: str) -> dict:
 
 
 def make_weights(cfg: dict, seed: int) -> dict:
-    """As golden.make_weights (O(1) activations), without biases, with Qwen3's head norms,
-    every tensor rounded to bf16."""
-    g = torch.Generator().manual_seed(seed)
-    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-
-    def randn(*shape, std=1.0, mean=0.0):
-        return (torch.randn(*shape, generator=g, dtype=torch.float32) * std + mean).to(torch.bfloat16)
-
-    def linear(out_f, in_f):
-        return randn(out_f, in_f, std=1.0 / math.sqrt(in_f))
-
-    # A tied embedding at std 1 makes each token predict itself (logits ~100): golden.py's
-    # full-vocab model uses the same 0.25.
-    w = {"model.embed_tokens.weight": randn(V, H, std=0.25 if cfg["tie_word_embeddings"] else 1.0)}
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = randn(H, std=0.1, mean=1.0)
-        w[p + "self_attn.q_proj.weight"] = linear(nh * hd, H)
-        w[p + "self_attn.k_proj.weight"] = linear(nkv * hd, H)
-        w[p + "self_attn.v_proj.weight"] = linear(nkv * hd, H)
-        w[p + "self_attn.o_proj.weight"] = linear(H, nh * hd)
-        if cfg["model_type"] == "qwen3":
-            w[p + "self_attn.q_norm.weight"] = randn(hd, std=0.1, mean=1.0)
-            w[p + "self_attn.k_norm.weight"] = randn(hd, std=0.1, mean=1.0)
-        w[p + "post_attention_layernorm.weight"] = randn(H, std=0.1, mean=1.0)
-        w[p + "mlp.gate_proj.weight"] = linear(I, H)
-        w[p + "mlp.up_proj.weight"] = linear(I, H)
-        w[p + "mlp.down_proj.weight"] = linear(H, I)
-    w["model.norm.weight"] = randn(H, std=0.1, mean=1.0)
-    if not cfg["tie_word_embeddings"]:
-        w["lm_head.weight"] = linear(V, H)
-    return w
+    """golden.make_weights (no biases outside Qwen2, Qwen3's head norms), rounded to bf16. A tied
+    embedding at std 1 makes each token predict itself (logits ~100): golden.py's full-vocab
+    model uses the same 0.25."""
+    w = golden.make_weights(cfg, seed, embed_std=0.25 if cfg["tie_word_embeddings"] else 1.0)
+    return {k: v.to(torch.bfloat16) for k, v in w.items()}
 
 
 # ----------------------------------------------------------------------------------------
 # GGUF, as llama.cpp's convert_hf_to_gguf.py writes these families
-
-GGUF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def gguf_name(hf: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    if hf in top:
-        return top[hf]
-    if hf == "lm_head.weight":
-        return "output.weight"
-    parts = hf.split(".")
-    return f"blk.{parts[2]}.{GGUF_LAYER['.'.join(parts[3:])]}"
-
 
 def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's converter for the `llama` arch: RoPE pairs adjacent instead of in halves."""
@@ -238,9 +185,9 @@ def write_gguf(weights: dict, cfg: dict, path: Path) -> None:
             data = llama_permute(data, cfg["num_key_value_heads"])
         if data.ndim == 2:
             q = gguf.quants.quantize(np.ascontiguousarray(data), gguf.GGMLQuantizationType.BF16)
-            w.add_tensor(gguf_name(hf), q, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(golden.gguf_name(hf), q, raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
-            w.add_tensor(gguf_name(hf), np.ascontiguousarray(data))
+            w.add_tensor(golden.gguf_name(hf), np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
