@@ -1,11 +1,14 @@
 //! Compiling constraints into grammars, once per distinct constraint. The token environment and
 //! llguidance's parser factory are built on first use (about a second for a 152k vocabulary),
 //! and compiled grammars are kept in a small most-recently-used cache, since agent frameworks
-//! send the same schema with every call.
+//! send the same schema with every call. The cache is bounded by the bytes its grammars' lexers
+//! hold, not only by their count: a 30-byte regex such as `(ab){300}{300}` builds a lexer of
+//! 180,000 states (over 100 MB), and 64 of those would be gigabytes.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use llguidance::earley::Parser;
 use llguidance::{Matcher, ParserFactory};
 
 use super::compile_queue::{CompileQueue, CompileStats, CompileTicket};
@@ -14,6 +17,22 @@ use crate::tokenizer::Tokenizer;
 
 /// Compiled grammars kept for reuse.
 pub const CACHE_ENTRIES: usize = 64;
+
+/// Most bytes the cached grammars' lexers may hold together (llguidance's estimate, about half
+/// the RSS measured; it grows as generation explores new lexer states); past it the least
+/// recently used go.
+pub const CACHE_BYTES: usize = 64 << 20;
+
+/// Most bytes (llguidance's estimate) a grammar's lexer may hold once compiled and walked for
+/// its first tokens. The tests' JSON schemas, tool grammars and 4,096-way choices hold 30–250 kB;
+/// `(ab){300}{300}` forces its 180,000 characters at once, one lexer state each: 56 MB by the
+/// estimate, 110–145 MB of RSS measured, cached for reuse. Forced bytes are not held to
+/// llguidance's state limit (it applies while masks are computed), so the size is checked here.
+const MAX_LEXER_BYTES: usize = 16 << 20;
+
+/// Most lexer states a grammar may build while masks are computed (llguidance's default is
+/// 250,000, ~80 MB by its estimate of ~310 bytes a state): the same order as [`MAX_LEXER_BYTES`].
+const MAX_LEXER_STATES: usize = 50_000;
 
 /// Most grammar symbols one constraint may compile to (llguidance's default is 500,000, a few
 /// megabytes of schema; a request body is far smaller, so a bigger grammar is an attack).
@@ -70,14 +89,38 @@ struct Vocabulary {
     whitespace: Arc<Vec<u32>>,
 }
 
+/// A cached grammar and a handle on its lexer, to weigh it.
+struct CacheEntry {
+    key: Arc<str>,
+    grammar: CompiledGrammar,
+    /// A clone of the grammar's parser: it shares the lexer every walk of the grammar grows.
+    lexer: Parser,
+    /// The bytes it held when last weighed (at insertion and at each hit).
+    bytes: usize,
+}
+
+impl CacheEntry {
+    fn new(key: Arc<str>, grammar: CompiledGrammar, lexer: Parser) -> Self {
+        let mut e = Self { key, grammar, lexer, bytes: 0 };
+        e.weigh();
+        e
+    }
+
+    /// Re-read the lexer's size (it takes the lexer's lock, which a walk holds for a mask).
+    fn weigh(&mut self) {
+        self.bytes = self.lexer.lexer_stats().num_bytes + self.key.len();
+    }
+}
+
 /// Turns [`Constraint`]s into [`CompiledGrammar`]s for one model's vocabulary.
 pub struct GrammarCompiler {
     tokenizer: Arc<Tokenizer>,
     vocab_size: usize,
     eos: Vec<u32>,
     max_grammar_size: usize,
+    cache_bytes: usize,
     factory: OnceLock<Result<Vocabulary, String>>,
-    cache: Mutex<VecDeque<(Arc<str>, CompiledGrammar)>>,
+    cache: Mutex<VecDeque<CacheEntry>>,
     queue: Arc<CompileQueue>,
 }
 
@@ -94,6 +137,7 @@ impl GrammarCompiler {
             vocab_size,
             eos,
             max_grammar_size: MAX_GRAMMAR_SIZE,
+            cache_bytes: CACHE_BYTES,
             factory: OnceLock::new(),
             cache: Mutex::new(VecDeque::new()),
             queue: Arc::new(CompileQueue::new()),
@@ -132,6 +176,7 @@ impl GrammarCompiler {
             let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
             f.quiet();
             f.limits_mut().max_grammar_size = self.max_grammar_size;
+            f.limits_mut().max_lexer_states = MAX_LEXER_STATES;
             // Errors go to clients: the cause, not the parser's state dump.
             f.limits_mut().verbose_errors = false;
             Ok(Vocabulary { factory: f, whitespace })
@@ -169,6 +214,7 @@ impl GrammarCompiler {
         let Vocabulary { factory, whitespace } = self.factory()?;
         let invalid = |e: &str| GrammarError::Invalid(first_lines(e));
         let parser = factory.create_parser(c.grammar()).map_err(|e| invalid(&e.to_string()))?;
+        let lexer = parser.parser.clone();
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(invalid(&e));
@@ -179,26 +225,55 @@ impl GrammarCompiler {
             return Err(GrammarError::Invalid("the grammar matches nothing".into()));
         }
         dry_run(&matcher)?;
+        let built = lexer.lexer_stats();
+        if built.num_bytes > MAX_LEXER_BYTES {
+            return Err(GrammarError::Invalid(format!(
+                "the {} needs a lexer of {} states ({} MB) for its first tokens; at most {} MB are allowed \
+                 (a long literal or a nested repeat such as (ab){{300}}{{300}} builds one state per character)",
+                c.kind(),
+                built.num_states,
+                built.num_bytes >> 20,
+                MAX_LEXER_BYTES >> 20
+            )));
+        }
         let g = CompiledGrammar { key: key.clone(), proto: Arc::new(matcher), whitespace: whitespace.clone() };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.retain(|(k, _)| *k != key);
-        cache.push_front((key, g.clone()));
-        cache.truncate(CACHE_ENTRIES);
+        cache.retain(|e| e.key != key);
+        cache.push_front(CacheEntry::new(key, g.clone(), lexer));
+        evict(&mut cache, self.cache_bytes);
         Ok(g)
     }
 
     fn cached(&self, key: &str) -> Option<CompiledGrammar> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let i = cache.iter().position(|(k, _)| &**k == key)?;
-        let entry = cache.remove(i)?;
-        let g = entry.1.clone();
+        let i = cache.iter().position(|e| &*e.key == key)?;
+        let mut entry = cache.remove(i)?;
+        let g = entry.grammar.clone();
+        // Its lexer may have grown since it was weighed.
+        entry.weigh();
         cache.push_front(entry);
+        evict(&mut cache, self.cache_bytes);
         Some(g)
     }
 
+    /// What the cache holds: (grammars, bytes their lexers held when last weighed).
     #[cfg(test)]
-    pub(crate) fn cache_len(&self) -> usize {
-        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    pub(crate) fn cache_usage(&self) -> (usize, usize) {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        (cache.len(), cache.iter().map(|e| e.bytes).sum())
+    }
+}
+
+/// Drop the least recently used grammars past the count or the byte budget (a grammar too big
+/// for the budget alone is not kept; the requests using it still hold it).
+fn evict(cache: &mut VecDeque<CacheEntry>, budget: usize) {
+    cache.truncate(CACHE_ENTRIES);
+    let mut bytes: usize = cache.iter().map(|e| e.bytes).sum();
+    while bytes > budget {
+        match cache.pop_back() {
+            Some(e) => bytes -= e.bytes,
+            None => break,
+        }
     }
 }
 
@@ -443,14 +518,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn lexers_are_bounded_per_grammar_and_in_the_cache() {
+        let c = compiler();
+        // A 14-byte regex whose lexer is 180,000 states (over 100 MB) is refused.
+        match c.compile(&Constraint::Regex("(ab){300}{300}".into())) {
+            Err(GrammarError::Invalid(m)) => assert!(m.contains("needs a lexer of") && m.contains("states"), "{m}"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // The cache keeps what fits its byte budget, most recent first: here two of these.
+        let mut small = GrammarCompiler::new(c.tokenizer.clone(), VOCAB, EOS.to_vec());
+        let regex = |i: usize| Constraint::Regex(format!("(ab){{40}}{{20}}c{i}"));
+        small.compile(&regex(0)).unwrap();
+        let (_, one) = small.cache_usage();
+        assert!(one > 100_000, "a 2,400-state lexer weighs {one} bytes");
+        small.cache_bytes = one * 5 / 2;
+        for i in 1..6 {
+            small.compile(&regex(i)).unwrap();
+        }
+        let (n, bytes) = small.cache_usage();
+        assert_eq!(n, 2, "{bytes} bytes held, {one} each");
+        assert!(bytes <= small.cache_bytes);
+        assert!(small.cached(&regex(5).key()).is_some() && small.cached(&regex(4).key()).is_some());
+        assert!(small.cached(&regex(3).key()).is_none());
+    }
+
+    #[test]
     fn a_schema_is_compiled_once() {
         let c = compiler();
         let k = Constraint::JsonSchema(json!({"type": "object", "properties": {"cached": {"type": "boolean"}}}));
         let a = c.compile(&k).unwrap();
-        let n = c.cache_len();
+        let n = c.cache_usage().0;
         let b = c.compile(&k).unwrap();
         assert_eq!(a, b);
-        assert_eq!(c.cache_len(), n, "a second compile is a cache hit");
+        assert_eq!(c.cache_usage().0, n, "a second compile is a cache hit");
     }
 
     #[test]
