@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use crate::detokenizer::IncrementalDecoder;
 use crate::kv_manager::SeqId;
+use crate::pooling::Pooler;
 use crate::request::{EngineEvent, RequestParams};
 use crate::runner::ModelRunner;
 use crate::sampler::{Sampler, TokenLogprobs};
@@ -79,6 +80,8 @@ struct Sample {
     drafter: Option<Drafter>,
     /// The sample's walk through its request's grammar (structured outputs).
     grammar: Option<GrammarState>,
+    /// An embedding request's pooled hidden states so far.
+    pooler: Option<Pooler>,
 }
 
 /// Counters since start, for logs and metrics.

@@ -12,6 +12,7 @@ pub mod generate;
 pub mod kv_manager;
 pub mod launch;
 pub mod loader;
+pub mod pooling;
 pub mod request;
 pub mod router;
 pub mod runner;

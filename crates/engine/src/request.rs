@@ -1,6 +1,7 @@
 //! What a client asks the engine for, and what comes back: a request (one prompt, `n` samples)
 //! and the stream of events that answers it.
 
+use crate::pooling::PoolingParams;
 use crate::sampler::{SamplingParams, TokenLogprobs};
 use crate::structured::StructuredOutput;
 
@@ -33,6 +34,9 @@ pub struct RequestParams {
     pub cache_salt: Option<String>,
     /// A grammar every sample's output must follow (structured outputs, forced tool calls).
     pub structured: Option<StructuredOutput>,
+    /// An embedding request: the prompt's hidden states are pooled into
+    /// [`SampleOutput::embedding`]; nothing is generated (`max_tokens` 0, `n` 1).
+    pub pooling: Option<PoolingParams>,
 }
 
 impl Default for RequestParams {
@@ -51,6 +55,7 @@ impl Default for RequestParams {
             prompt_logprobs: None,
             cache_salt: None,
             structured: None,
+            pooling: None,
         }
     }
 }
@@ -118,6 +123,8 @@ pub struct SampleOutput {
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     /// Seconds from submission to this sample's first scheduling; on its first event only.
     pub queue_secs: Option<f64>,
+    /// An embedding request's vector, on its final event.
+    pub embedding: Option<Vec<f32>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -11,11 +11,15 @@ use crate::EngineError;
 use flint_model::kernels::argmax::argmax;
 
 /// Logit rows of one step, in plan order: for each chunk, the rows
-/// [`ScheduledChunk::logits`](crate::scheduler::ScheduledChunk::logits) names.
+/// [`ScheduledChunk::logits`](crate::scheduler::ScheduledChunk::logits) names; and the final
+/// hidden rows [`ScheduledChunk::hidden`](crate::scheduler::ScheduledChunk::hidden) names
+/// (embeddings), likewise in plan order.
 #[derive(Debug, Clone, Default)]
 pub struct StepLogits {
     pub width: usize,
     pub data: Vec<f32>,
+    pub hidden_width: usize,
+    pub hidden: Vec<f32>,
 }
 
 impl StepLogits {
@@ -78,9 +82,11 @@ impl ModelRunner for PagedModelRunner {
         let mut batch = ForwardBatch::new();
         for c in &plan.chunks {
             batch.push_paged(c.seq as usize, c.context_len, &c.tokens, c.logits(), c.blocks.clone());
+            batch.want_hidden(c.hidden());
         }
         let width = self.model.config().vocab_size;
-        let data = self.model.forward_logits(&batch, &mut self.cache)?.unwrap_or_default();
+        let out = self.model.forward_step(&batch, &mut self.cache)?;
+        let (data, hidden) = (out.logits.unwrap_or_default(), out.hidden);
         if let Some(d) = self.draft.as_mut() {
             let mut mirror = ForwardBatch::new();
             for c in &plan.chunks {
@@ -92,7 +98,7 @@ impl ModelRunner for PagedModelRunner {
             }
             d.model.forward_logits(&mirror, &mut d.cache)?;
         }
-        Ok(StepLogits { width, data })
+        Ok(StepLogits { width, data, hidden_width: self.model.config().hidden_size, hidden })
     }
 
     fn release(&mut self, blocks: &[u32]) {

@@ -22,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use flint_model::LogitsRows;
 
 use crate::kv_manager::{salt_hash, KvManager, PrefixHit, SeqId};
+use crate::pooling::PoolingType;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -65,6 +66,8 @@ pub struct SeqSpec {
     pub cache_salt: Option<String>,
     /// Every prompt position's logits are wanted, so none may come from the cache.
     pub prompt_logprobs: bool,
+    /// An embedding: the prompt's final hidden states are pooled and nothing is sampled.
+    pub pooling: Option<PoolingType>,
     /// Admit only once this sequence's prompt is computed (siblings of an `n > 1` request wait
     /// for the first one, then reuse its prompt blocks from the prefix cache).
     pub after: Option<SeqId>,
@@ -106,6 +109,9 @@ pub struct ScheduledChunk {
     /// The last `draft` tokens are proposals to verify: every row from the pending token on is
     /// wanted (`draft + 1` rows; a chunk with a draft is the pending token and the draft).
     pub draft: usize,
+    /// The chunk belongs to an embedding: it returns hidden rows ([`hidden`](Self::hidden)), no
+    /// logits, and its sequence ends with the prompt.
+    pub pooling: Option<PoolingType>,
 }
 
 impl ScheduledChunk {
@@ -113,7 +119,9 @@ impl ScheduledChunk {
     /// core share: every row for prompt logprobs or a draft to verify, the last when it samples,
     /// none otherwise.
     pub fn logits(&self) -> LogitsRows {
-        if self.prompt_logprobs || self.draft > 0 {
+        if self.pooling.is_some() {
+            LogitsRows::None
+        } else if self.prompt_logprobs || self.draft > 0 {
             LogitsRows::All
         } else if self.sample {
             LogitsRows::Last
@@ -130,7 +138,15 @@ impl ScheduledChunk {
     /// When the chunk samples, where its sampled rows start among its logit rows: the pending
     /// token's row, then one per draft token, which end the chunk's rows.
     pub fn first_sampled_row(&self) -> Option<usize> {
-        self.sample.then(|| self.num_logit_rows() - 1 - self.draft)
+        (self.sample && self.pooling.is_none()).then(|| self.num_logit_rows() - 1 - self.draft)
+    }
+
+    /// The final hidden rows the model returns for this chunk (embeddings only).
+    pub fn hidden(&self) -> LogitsRows {
+        match self.pooling {
+            Some(p) => p.rows(self.context_len, self.sample),
+            None => LogitsRows::None,
+        }
     }
 }
 
@@ -307,7 +323,8 @@ impl Scheduler {
                     break;
                 }
             }
-            let hit = if s.spec.prompt_logprobs { PrefixHit::default() } else { self.kv.lookup(&s.tokens, s.salt) };
+            let every_row = s.spec.prompt_logprobs || s.spec.pooling.is_some_and(PoolingType::needs_every_row);
+            let hit = if every_row { PrefixHit::default() } else { self.kv.lookup(&s.tokens, s.salt) };
             let ctx = hit.blocks.len() * self.kv.block_size();
             let n = (s.tokens.len() - ctx).min(budget);
             if !self.kv.can_allocate(id, ctx + n, &hit) {
@@ -315,7 +332,7 @@ impl Scheduler {
             }
             let first_admission = s.cached_prompt_tokens.is_none();
             let (prompt_len, salt) = (s.spec.prompt.len(), s.salt);
-            if self.kv.prefix_caching() && !s.spec.prompt_logprobs && first_admission {
+            if self.kv.prefix_caching() && !every_row && first_admission {
                 self.stats.prefix_queries += prompt_len as u64;
                 self.stats.prefix_hits += ctx.min(prompt_len) as u64;
             }
@@ -377,6 +394,7 @@ impl Scheduler {
             sample: ctx + n == s.tokens.len(),
             prompt_logprobs: s.spec.prompt_logprobs && ctx < s.spec.prompt.len(),
             draft: draft.len(),
+            pooling: s.spec.pooling,
         });
         plan.num_tokens += n + draft.len();
     }
@@ -661,6 +679,7 @@ mod tests {
             sample,
             prompt_logprobs,
             draft,
+            pooling: None,
         };
         let rows = |c: &ScheduledChunk| (c.logits(), c.num_logit_rows(), c.first_sampled_row());
         assert_eq!(rows(&chunk(6, false, false, 0)), (LogitsRows::None, 0, None), "mid-prompt");
@@ -669,5 +688,17 @@ mod tests {
         assert_eq!(rows(&chunk(6, false, true, 0)), (LogitsRows::All, 6, None), "prompt logprobs");
         assert_eq!(rows(&chunk(6, true, true, 0)), (LogitsRows::All, 6, Some(5)), "prompt logprobs, last chunk");
         assert_eq!(rows(&chunk(4, true, false, 3)), (LogitsRows::All, 4, Some(0)), "pending token and a draft");
+        // Embeddings: hidden rows by pooling type, no logits, nothing sampled.
+        for (p, mid, last) in [
+            (PoolingType::Last, LogitsRows::None, LogitsRows::Last),
+            (PoolingType::Mean, LogitsRows::All, LogitsRows::All),
+        ] {
+            let c = ScheduledChunk { pooling: Some(p), ..chunk(6, false, false, 0) };
+            assert_eq!((rows(&c), c.hidden()), ((LogitsRows::None, 0, None), mid), "{p:?} mid-prompt");
+            let c = ScheduledChunk { pooling: Some(p), ..chunk(6, true, false, 0) };
+            assert_eq!((rows(&c), c.hidden()), ((LogitsRows::None, 0, None), last), "{p:?} ends the prompt");
+        }
+        let c = ScheduledChunk { pooling: Some(PoolingType::Cls), context_len: 6, ..chunk(6, true, false, 0) };
+        assert_eq!(c.hidden(), LogitsRows::None, "CLS takes the first chunk's first row only");
     }
 }

@@ -134,7 +134,10 @@ pub fn validate_params(p: &RequestParams, info: &ModelInfo) -> Result<(), Invali
 pub fn validate(req: &Request, info: &ModelInfo, sched: &SchedulerConfig) -> Result<(), EngineError> {
     let p = &req.params;
     validate_params(p, info)?;
-    if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
+    if p.pooling.is_some() && (p.max_tokens != 0 || p.n != 1) {
+        invalid(Param::MaxTokens, "an embedding request generates nothing: `max_tokens` 0 and `n` 1".to_string())?;
+    }
+    if p.max_tokens == 0 && p.prompt_logprobs.is_none() && p.pooling.is_none() {
         let msg = "`max_tokens` must be at least 1 (0 only scores the prompt, with `prompt_logprobs`)".to_string();
         invalid(Param::MaxTokens, msg)?;
     }

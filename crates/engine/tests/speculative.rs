@@ -195,7 +195,7 @@ impl ModelRunner for Markov {
                 data.extend_from_slice(&LOGITS[t as usize]);
             }
         }
-        Ok(StepLogits { width: 3, data })
+        Ok(StepLogits { width: 3, data, ..Default::default() })
     }
 }
 

@@ -44,6 +44,8 @@ pub struct SeqChunk {
     /// How many new tokens of the batch belong to this sequence.
     pub num_tokens: usize,
     pub logits: LogitsRows,
+    /// Which rows' final hidden states (after the last norm) come back: embeddings pool them.
+    pub hidden: LogitsRows,
     /// The paged cache's block table: position `p` lives in block `blocks[p / block_size]`.
     /// Empty for caches addressed by `seq` alone (the contiguous one).
     pub blocks: Vec<u32>,
@@ -72,7 +74,15 @@ impl ForwardBatch {
     pub fn push_paged(&mut self, seq: usize, context_len: usize, tokens: &[u32], logits: LogitsRows, blocks: Vec<u32>) {
         self.tokens.extend_from_slice(tokens);
         self.positions.extend((0..tokens.len()).map(|i| (context_len + i) as u32));
-        self.seqs.push(SeqChunk { seq, context_len, num_tokens: tokens.len(), logits, blocks });
+        let hidden = LogitsRows::None;
+        self.seqs.push(SeqChunk { seq, context_len, num_tokens: tokens.len(), logits, hidden, blocks });
+    }
+
+    /// Ask for the final hidden states of `rows` of the sequence pushed last.
+    pub fn want_hidden(&mut self, rows: LogitsRows) {
+        if let Some(s) = self.seqs.last_mut() {
+            s.hidden = rows;
+        }
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -81,10 +91,19 @@ impl ForwardBatch {
 
     /// Rows of the flattened batch whose logits are wanted, in output order.
     pub fn logit_rows(&self) -> Vec<usize> {
+        self.rows_of(|s| s.logits)
+    }
+
+    /// Rows of the flattened batch whose final hidden states are wanted, in output order.
+    pub fn hidden_rows(&self) -> Vec<usize> {
+        self.rows_of(|s| s.hidden)
+    }
+
+    fn rows_of(&self, which: impl Fn(&SeqChunk) -> LogitsRows) -> Vec<usize> {
         let mut rows = Vec::new();
         let mut offset = 0;
         for s in &self.seqs {
-            rows.extend(s.logits.rows(s.num_tokens).map(|r| offset + r));
+            rows.extend(which(s).rows(s.num_tokens).map(|r| offset + r));
             offset += s.num_tokens;
         }
         rows

@@ -222,6 +222,15 @@ impl Embedding {
     }
 }
 
+/// What one forward pass returns (see [`DecoderModel::forward_step`]).
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// `[logit rows · vocab_size]`, or `None` when no sequence asked for logits.
+    pub logits: Option<Vec<f32>>,
+    /// `[hidden rows · hidden_size]`.
+    pub hidden: Vec<f32>,
+}
+
 pub struct DecoderModel {
     cfg: ModelConfig,
     embed_tokens: Embedding,
@@ -318,6 +327,12 @@ impl DecoderModel {
     /// a tensor: megabytes per step for a batch of decodes); `None` when no sequence asked for
     /// any.
     pub fn forward_logits(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<Option<Vec<f32>>> {
+        Ok(self.forward_step(batch, cache)?.logits)
+    }
+
+    /// Run one batch: the logits of `batch.logit_rows()` and the final hidden states (after the
+    /// last norm, as transformers' `last_hidden_state`) of `batch.hidden_rows()`, each flat in f32.
+    pub fn forward_step(&self, batch: &ForwardBatch, cache: &mut dyn KvCache) -> Result<StepOutput> {
         batch.validate()?;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
             return Err(ModelError::Batch(format!(
@@ -331,15 +346,24 @@ impl DecoderModel {
             let _scope = trace_span!("layer", layer = l).entered();
             x = layer.forward(l, &x, &ops, batch, cache)?;
         }
+        let select = |rows: &[usize]| -> Result<Tensor> {
+            let rows = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
+            ops.rms_norm(&self.norm, &x.index_select(&rows, 0)?)
+        };
+        let hidden_rows = batch.hidden_rows();
+        let hidden = if hidden_rows.is_empty() {
+            Vec::new()
+        } else {
+            select(&hidden_rows)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?
+        };
         let rows = batch.logit_rows();
         if rows.is_empty() {
-            return Ok(None);
+            return Ok(StepOutput { logits: None, hidden });
         }
-        let rows = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &self.device)?;
-        let last = ops.rms_norm(&self.norm, &x.index_select(&rows, 0)?)?;
+        let last = select(&rows)?;
         let logits = trace_span!("lm_head").in_scope(|| ops.logits(&self.lm_head, &last))?;
         self.check_finite(&logits)?;
-        Ok(Some(logits))
+        Ok(StepOutput { logits: Some(logits), hidden })
     }
 
     /// Refuse non-finite logits where 16-bit activations can overflow (f16 compute, or any GPU

@@ -207,7 +207,14 @@ mod tests {
     use crate::batch::LogitsRows;
 
     fn chunk(seq: usize, context_len: usize, n: usize) -> SeqChunk {
-        SeqChunk { seq, context_len, num_tokens: n, logits: LogitsRows::None, blocks: Vec::new() }
+        SeqChunk {
+            seq,
+            context_len,
+            num_tokens: n,
+            logits: LogitsRows::None,
+            hidden: LogitsRows::None,
+            blocks: Vec::new(),
+        }
     }
 
     fn kv(n: usize, start: f32) -> Tensor {

@@ -28,7 +28,7 @@ pub mod weights;
 
 pub use batch::{ForwardBatch, LogitsRows, SeqChunk};
 pub use config::{GenerationConfig, ModelConfig, RopeConfig, RopeScaling};
-pub use decoder::DecoderModel;
+pub use decoder::{DecoderModel, StepOutput};
 pub use device_cache::DeviceKvCache;
 pub use error::{ModelError, Result};
 pub use kv_cache::{ContiguousKvCache, KvCache};

@@ -244,6 +244,7 @@ impl Common {
             prompt_logprobs: None,
             cache_salt: self.cache_salt.clone(),
             structured: None,
+            pooling: None,
         };
         // The cheap rules now, before a prompt is rendered and tokenized; the engine applies
         // the same function again (with the prompt) when the request is submitted.

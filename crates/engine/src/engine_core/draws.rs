@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::{EngineCore, Sample};
 use crate::kv_manager::SeqId;
+use crate::pooling::Pooler;
 use crate::request::{FinishReason, Finished};
 use crate::runner::{ModelRunner, StepLogits};
 use crate::sampler::{token_logprobs, TokenLogprobs};
@@ -30,6 +31,7 @@ struct Drawn {
 
 impl<R: ModelRunner> EngineCore<R> {
     pub(super) fn process(&mut self, plan: &StepPlan, logits: &StepLogits) {
+        self.pool_hidden(plan, logits);
         let mut row = 0;
         let mut picks = Vec::new();
         for chunk in &plan.chunks {
@@ -52,7 +54,9 @@ impl<R: ModelRunner> EngineCore<R> {
             if chunk.prompt_logprobs {
                 self.collect_prompt_logprobs(chunk.seq, chunk.context_len, first_row, rows, logits);
             }
-            if chunk.sample {
+            if chunk.sample && chunk.pooling.is_some() {
+                self.end_embedding(chunk.seq);
+            } else if chunk.sample {
                 if let Some(d) = drawn.remove(&chunk.seq) {
                     self.take_drawn(chunk.seq, d);
                 } else if self.samples.get(&chunk.seq).is_some_and(|s| s.params.max_tokens == 0) {
@@ -60,6 +64,35 @@ impl<R: ModelRunner> EngineCore<R> {
                 }
             }
         }
+    }
+
+    /// Fold each embedding chunk's hidden rows into its sample's pooler.
+    fn pool_hidden(&mut self, plan: &StepPlan, logits: &StepLogits) {
+        let w = logits.hidden_width;
+        let mut row = 0;
+        for chunk in &plan.chunks {
+            let sel = chunk.hidden().rows(chunk.tokens.len());
+            let n = sel.len();
+            if n == 0 {
+                continue;
+            }
+            let rows = logits.hidden.get(row * w..(row + n) * w);
+            row += n;
+            if let (Some(rows), Some(p)) = (rows, self.samples.get_mut(&chunk.seq).and_then(|s| s.pooler.as_mut())) {
+                p.push(rows, w, chunk.context_len + sel.start);
+            }
+        }
+    }
+
+    /// An embedding's prompt is in: its vector goes out with the final event.
+    fn end_embedding(&mut self, seq: SeqId) {
+        let Some(s) = self.samples.get(&seq) else { return };
+        if s.pooler.as_ref().and_then(Pooler::finish).is_none() {
+            let group = s.group;
+            self.fail_group(group, "internal error: the model returned no hidden states to pool");
+            return;
+        }
+        self.end_sample(seq, Finished { reason: FinishReason::Stop, stop: None }, String::new());
     }
 
     /// Emit a sample's new tokens in order, stopping where it finishes; after a verification,

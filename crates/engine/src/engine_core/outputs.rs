@@ -4,6 +4,7 @@
 
 use super::EngineCore;
 use crate::kv_manager::SeqId;
+use crate::pooling::Pooler;
 use crate::request::{EngineEvent, FinishReason, Finished, SampleOutput, StopMatch};
 use crate::runner::ModelRunner;
 use crate::sampler::TokenLogprobs;
@@ -103,6 +104,7 @@ impl<R: ModelRunner> EngineCore<R> {
         } else {
             None
         };
+        let embedding = if finished.is_some() { s.pooler.as_ref().and_then(Pooler::finish) } else { None };
         let out = SampleOutput {
             index: s.index,
             text,
@@ -114,6 +116,7 @@ impl<R: ModelRunner> EngineCore<R> {
             cached_tokens,
             prompt_logprobs,
             queue_secs,
+            embedding,
         };
         if !(g.sink)(EngineEvent::Output(out)) {
             // The client is gone: stop its request and free its blocks now.

@@ -60,6 +60,7 @@ impl<R: ModelRunner> EngineCore<R> {
                 max_tokens: params.max_tokens,
                 cache_salt: params.cache_salt.clone(),
                 prompt_logprobs: index == 0 && params.prompt_logprobs.is_some(),
+                pooling: params.pooling.map(|p| p.config.pooling_type),
                 after: leader,
             };
             self.scheduler.add(spec)?;
@@ -79,6 +80,7 @@ impl<R: ModelRunner> EngineCore<R> {
                     queue_reported: false,
                     drafter: self.speculative.as_ref().map(Drafter::new),
                     grammar,
+                    pooler: params.pooling.map(crate::pooling::Pooler::new),
                 },
             );
         }

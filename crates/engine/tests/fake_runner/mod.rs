@@ -122,7 +122,7 @@ impl ModelRunner for FakeRunner {
                 self.row(&c.blocks, c.context_len + r, &mut data);
             }
         }
-        Ok(StepLogits { width: VOCAB, data })
+        Ok(StepLogits { width: VOCAB, data, ..Default::default() })
     }
 }
 
