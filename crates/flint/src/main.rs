@@ -9,6 +9,7 @@ mod chrome_trace;
 mod engine_args;
 mod inspect;
 mod plot;
+mod pooler_config;
 mod progress;
 mod serve;
 mod stand_in_tokenizer;
@@ -46,7 +47,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible HTTP API (no --model: the built-in demo model).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Generate text from a prompt, streaming it to stdout.
     Generate(GenerateArgs),
     /// Benchmarks.
@@ -188,7 +189,7 @@ fn main() -> ExitCode {
         }
     }
     let result = match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Generate(a) => run_generate(a),
         Command::Bench(BenchCommand::Throughput(a)) => bench::throughput(a),
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a),

@@ -85,6 +85,15 @@ pub struct ServeArgs {
     /// flint).
     #[arg(long, value_name = "URL")]
     otlp_traces_endpoint: Option<String>,
+    /// What the server is for, as vLLM's flag: generate (text), or pooling (also serves
+    /// /v1/embeddings: the prompt's final hidden states pooled into one vector).
+    #[arg(long, default_value = "generate", value_parser = ["generate", "pooling"])]
+    runner: String,
+    /// With --runner pooling, e.g. '{"pooling_type": "MEAN", "normalize": true}' (LAST, MEAN or
+    /// CLS). Default: the model directory's modules.json (sentence-transformers), else LAST,
+    /// normalised.
+    #[arg(long, value_name = "JSON")]
+    pooler_config: Option<String>,
     /// Test-only routes (POST /debug/workers/N/fault makes worker N's step loop panic).
     #[arg(long, hide = true)]
     enable_test_hooks: bool,
@@ -136,6 +145,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         reasoning_parser: a.reasoning_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!(e))?,
         test_hooks: a.enable_test_hooks,
         otlp_traces: a.otlp_traces_endpoint.is_some(),
+        pooler: crate::pooler_config::resolve(&a.runner, a.pooler_config.as_deref(), a.model.as_deref())?,
     };
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
@@ -154,6 +164,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let device = if a.workers.is_empty() { Some(a.engine.device.open()?) } else { None };
     // After the arguments are known to be good: a refusal stays one line.
     tracing::info!("{}", flint_model::kernels::describe());
+    if let Some(p) = cfg.pooler {
+        let norm = if p.normalize { ", L2-normalised" } else { "" };
+        tracing::info!("runner pooling: /v1/embeddings pools the {} hidden state{norm}", p.pooling_type.as_str());
+    }
     if !a.workers.is_empty() {
         let (specs, policy) = (a.workers.clone(), a.router);
         let load =
@@ -208,8 +222,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             );
         }
         let max_model_len = pool.sched.max_model_len;
+        let hidden_size = lm.model.config().hidden_size;
         let LoadedModel { tokenizer, chat_template, .. } = lm;
         Ok(ServingModel {
+            hidden_size,
             router: Router::single(Engine::start(core)),
             tokenizer,
             chat_template,
@@ -273,7 +289,8 @@ fn load_workers(
     let max_model_len = router.max_model_len();
     let LoadedModel { tokenizer, chat_template, .. } = lm;
     let devices = specs.iter().map(|s| s.device.to_string()).collect();
-    Ok(ServingModel { router, tokenizer, chat_template, max_model_len, cache, devices })
+    let hidden_size = lm.model.config().hidden_size;
+    Ok(ServingModel { router, tokenizer, chat_template, max_model_len, cache, devices, hidden_size })
 }
 
 fn run_server<F>(cfg: ServerConfig, load: F) -> Result<()>

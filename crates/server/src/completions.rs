@@ -27,13 +27,13 @@ pub async fn completions(State(state): State<SharedState>, headers: HeaderMap, b
 }
 
 /// `prompt` as given: texts still to tokenize, or token ids (already checked).
-enum Prompts {
+pub(crate) enum Prompts {
     Texts(Vec<String>),
     Ids(Vec<Vec<u32>>),
 }
 
 impl Prompts {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Prompts::Texts(t) => t.len(),
             Prompts::Ids(i) => i.len(),
@@ -43,7 +43,7 @@ impl Prompts {
 
 /// `prompt` as string, list of strings, token ids, or list of token-id lists: its shape and token
 /// ids checked, cheaply, before the request is admitted; texts are tokenized later.
-fn parse_prompts(prompt: Option<Value>) -> ApiResult<Prompts> {
+pub(crate) fn parse_prompts(prompt: Option<Value>) -> ApiResult<Prompts> {
     let bad = |m: &str| ApiError::invalid("prompt", m.to_string());
     let shape = "`prompt` must be a string, a list of strings, token ids or lists of token ids";
     let ids = |v: &[Value]| -> ApiResult<Vec<u32>> {
@@ -93,7 +93,7 @@ fn parse_prompts(prompt: Option<Value>) -> ApiResult<Prompts> {
 }
 
 /// The token ids of every prompt (texts tokenized, bounded by the context length).
-fn tokenize(model: &ServingModel, prompts: Prompts) -> ApiResult<Vec<Vec<u32>>> {
+pub(crate) fn tokenize(model: &ServingModel, prompts: Prompts) -> ApiResult<Vec<Vec<u32>>> {
     let texts = match prompts {
         Prompts::Ids(ids) => return Ok(ids),
         Prompts::Texts(t) => t,

@@ -64,6 +64,8 @@ pub struct Choice {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// An embedding request's vector.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// Wait for every choice of every job (marking `guard` finished either way). Dropping the future
@@ -99,6 +101,9 @@ async fn collect_inner(state: &SharedState, jobs: &mut [Job], n: usize, timer: &
                     c.logprobs.extend(o.logprobs);
                     c.prompt_tokens = o.prompt_tokens;
                     c.cached_tokens = o.cached_tokens;
+                    if o.embedding.is_some() {
+                        c.embedding = o.embedding;
+                    }
                     if o.prompt_logprobs.is_some() {
                         c.prompt_logprobs = o.prompt_logprobs;
                     }

@@ -7,6 +7,7 @@ pub mod body;
 pub mod body_counts;
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod error;
 pub mod generation;
 pub mod json;

@@ -149,6 +149,12 @@ impl WithCommon for CompletionRequest {
     }
 }
 
+/// Parse a body of an endpoint without the shared sampling fields (`/v1/embeddings`).
+pub fn parse_plain<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let v = body_object(bytes)?;
+    serde_path_to_error::deserialize(&v).map_err(path_error)
+}
+
 /// Parse a chat or completions body: its own fields and the shared ones, each from the same JSON
 /// object (serde's `flatten` would lose the name of a field with a bad value).
 pub fn parse_request<T: WithCommon>(bytes: &[u8]) -> ApiResult<T> {

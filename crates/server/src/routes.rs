@@ -33,6 +33,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(crate::responses::responses))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_by_id))
         .route("/health", get(health))

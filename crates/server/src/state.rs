@@ -23,6 +23,8 @@ pub struct ServingModel {
     pub cache: CacheInfo,
     /// Where the model runs, one entry per worker (`cpu`, `cuda:0`), for `/version`.
     pub devices: Vec<String>,
+    /// The width of the model's hidden states: an embedding's full size.
+    pub hidden_size: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +62,8 @@ pub struct ServerConfig {
     /// Export an OpenTelemetry span per request (`--otlp-traces-endpoint`; the binary installs
     /// the exporter).
     pub otlp_traces: bool,
+    /// Serve `/v1/embeddings`, pooling this way (`--runner pooling`); `None`: generation only.
+    pub pooler: Option<flint_engine::pooling::PoolerConfig>,
 }
 
 /// The 503 while the model loads says how far loading is (`loading weights: 12/28 layers (42%)`).

@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod completion;
+pub mod embedding;
 pub mod misc;
 pub mod responses;
 
