@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Conformance of `flint serve` with the official `openai` Python package.
 
-Starts the real binary four times (the built-in demo model; a scripted model that answers with a
+Starts the real binary five times (the built-in demo model; a scripted model that answers with a
 tool call; a scripted reasoning model behind --reasoning-parser; the demo behind an API key with a
-one-slot queue) and drives each with the SDK the way applications do: chat and completions,
+one-slot queue; the demo as an embedding server, `--runner pooling`) and drives each with the SDK
+the way applications do: chat and completions,
 streaming with include_usage, n=2, stop strings, logprobs, echo, tool calls, structured outputs
 (`chat.completions.parse` with a Pydantic model, forced tool calls), reasoning fields, the
 Responses API (`responses.create` streaming and not, `responses.parse`, a function-call round
-trip, reasoning items), and the error statuses as the SDK raises them. Exits non-zero on the first
+trip, reasoning items), `embeddings.create` (float and the SDK's default base64, `dimensions`, token
+ids) and LangChain's `OpenAIEmbeddings`, and the error statuses as the SDK raises them. Exits non-zero on the first
 failure. Run by .ci/run:  python scripts/openai_conformance.py --flint target/debug/flint
 """
 
 import argparse
+import array
 import json
 import os
 import re
@@ -91,6 +94,11 @@ def demo_checks(srv):
     models = c.models.list()
     name = models.data[0].id
     check(name == "demo", "models.list returns the served name")
+    try:
+        c.embeddings.create(model=name, input="Hi")
+        check(False, "a generation server must refuse embeddings")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "--runner pooling" in str(e), "embeddings on a generation server: 400 naming the flag")
 
     r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
     check(r.object == "chat.completion" and r.choices[0].message.role == "assistant", "chat completion shape")
@@ -373,6 +381,55 @@ def limit_checks(srv):
     long.close()
 
 
+def embedding_checks(srv):
+    from langchain_openai import OpenAIEmbeddings
+
+    c = srv.client()
+    texts = ["The quick brown fox", "jumps over the lazy dog", "and runs away"]
+    # The SDK asks for base64 unless told otherwise, and decodes it.
+    r = c.embeddings.create(model="demo", input=texts)
+    check(r.object == "list" and [d.index for d in r.data] == [0, 1, 2], "embeddings.create: a list in input order")
+    vecs = [d.embedding for d in r.data]
+    dim = len(vecs[0])
+    check(all(len(v) == dim for v in vecs) and dim > 0, "every embedding has the model's width")
+    check(all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vecs), "embeddings are L2-normalised")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens, "embedding usage")
+    # JSON carries each f32 in its shortest decimal form: rounded back to f32 it is the same bits.
+    f32 = lambda v: list(array.array("f", v))
+    f = c.embeddings.create(model="demo", input=texts, encoding_format="float")
+    check([f32(d.embedding) for d in f.data] == [f32(v) for v in vecs],
+          "encoding_format float and base64 carry the same f32s")
+    one = c.embeddings.create(model="demo", input=texts[1], encoding_format="float")
+    check(f32(one.data[0].embedding) == f32(vecs[1]), "one input alone: the same vector as in a list")
+    cut = c.embeddings.create(model="demo", input=texts[0], dimensions=16).data[0].embedding
+    norm = sum(x * x for x in vecs[0][:16]) ** 0.5
+    check(len(cut) == 16 and max(abs(a - b / norm) for a, b in zip(cut, vecs[0])) < 1e-6,
+          "dimensions: the renormalised prefix")
+    req = urllib.request.Request(srv.base + "/tokenize", data=json.dumps({"prompt": texts[2]}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as resp:
+        ids = json.load(resp)["tokens"]
+    by_ids = c.embeddings.create(model="demo", input=[ids], encoding_format="float")
+    check(f32(by_ids.data[0].embedding) == f32(vecs[2]), "token-id input embeds as its text does")
+    for bad in [dict(dimensions=0), dict(dimensions=100_000), dict(input=[])]:
+        try:
+            c.embeddings.create(**{"model": "demo", "input": "x", **bad})
+            check(False, f"embeddings {bad} must be refused")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400, f"embeddings {bad}: 400")
+    # LangChain, as its docs configure it for servers other than OpenAI's (its default tokenizes
+    # with tiktoken for OpenAI's own models and downloads the encoding).
+    lc = OpenAIEmbeddings(model="demo", base_url=srv.base + "/v1", api_key="unused", check_embedding_ctx_length=False)
+    docs = lc.embed_documents(texts)
+    check(len(docs) == 3 and all(max(abs(a - b) for a, b in zip(d, v)) < 1e-6 for d, v in zip(docs, vecs)),
+          "LangChain OpenAIEmbeddings.embed_documents")
+    q = lc.embed_query(texts[0])
+    check(max(abs(a - b) for a, b in zip(q, vecs[0])) < 1e-6, "LangChain OpenAIEmbeddings.embed_query")
+    # The same server still generates.
+    r = c.completions.create(model="demo", prompt="Hi", max_tokens=3)
+    check(r.usage.completion_tokens == 3, "a pooling server still generates")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flint", default="target/debug/flint")
@@ -392,6 +449,7 @@ def main():
              lambda srv: (tool_checks(srv), responses_tool_checks(srv))),
             (["--served-model-name", "demo", "--api-key", "sekret", "--max-num-seqs", "1",
               "--max-queued-requests", "0"], limit_checks),
+            (["--served-model-name", "demo", "--runner", "pooling"], embedding_checks),
         ]:
             srv = Server(args.flint, *srv_args)
             try:
