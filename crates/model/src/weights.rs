@@ -88,7 +88,7 @@ impl WeightSource {
 
     pub fn contains(&self, name: &str) -> bool {
         match self {
-            WeightSource::Safetensors(s) => s.index.contains_key(name),
+            WeightSource::Safetensors(s) => s.index.contains_key(s.stored_name(name)),
             WeightSource::Gguf(g) => g.content.tensor_infos.contains_key(&hf_to_gguf_name(name)),
         }
     }
@@ -96,7 +96,7 @@ impl WeightSource {
     pub fn file_of(&self, name: &str) -> PathBuf {
         match self {
             WeightSource::Safetensors(s) => {
-                s.index.get(name).map(|&f| s.files[f].path.clone()).unwrap_or_else(|| s.dir.clone())
+                s.index.get(s.stored_name(name)).map(|&f| s.files[f].path.clone()).unwrap_or_else(|| s.dir.clone())
             }
             WeightSource::Gguf(g) => g.path.clone(),
         }
@@ -124,6 +124,9 @@ pub struct SafetensorsFiles {
     files: Vec<MappedFile>,
     /// Tensor name → index of the file holding it.
     index: BTreeMap<String, usize>,
+    /// Saved from the base model (`Qwen3Model.save_pretrained`, as embedding checkpoints such as
+    /// Qwen3-Embedding are): its names lack the `model.` every causal-LM name starts with.
+    bare: bool,
 }
 
 impl SafetensorsFiles {
@@ -199,10 +202,21 @@ impl SafetensorsFiles {
             }
             files.push(MappedFile { path: path.clone(), mmap, data_start, metadata });
         }
-        Ok(Self { dir: dir.to_path_buf(), files, index })
+        let bare = !index.keys().any(|k| k.starts_with("model.")) && index.contains_key("embed_tokens.weight");
+        Ok(Self { dir: dir.to_path_buf(), files, index, bare })
+    }
+
+    /// The name a Hugging Face causal-LM name `name` has in these files.
+    fn stored_name<'a>(&self, name: &'a str) -> &'a str {
+        if self.bare {
+            name.strip_prefix("model.").unwrap_or(name)
+        } else {
+            name
+        }
     }
 
     fn load(&self, name: &str, dtype: DType, device: &Device, keep_half: bool) -> Result<Tensor> {
+        let name = self.stored_name(name);
         let &fi = self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             file: if self.files.len() == 1 { self.files[0].path.clone() } else { self.dir.clone() },
             name: name.to_string(),

@@ -109,3 +109,19 @@ fn llama_gguf_rows_really_are_permuted() {
     assert_eq!(get(&st.weights), get(&gguf.weights), "un-permuted GGUF rows are the checkpoint's");
     assert_ne!(get(&st.weights), get(&raw), "the file's own rows are permuted");
 }
+
+/// Embedding checkpoints (Qwen3-Embedding) are saved from the base model: the same tensors
+/// without `model.` in their names. Such a copy of the Qwen3 fixture loads and matches.
+#[test]
+fn a_checkpoint_saved_from_the_base_model_loads() {
+    let dir = family_dir("qwen3");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("config.json"), tmp.path().join("config.json")).unwrap();
+    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let bare: std::collections::HashMap<String, candle_core::Tensor> =
+        tensors.into_iter().map(|(k, v)| (k.strip_prefix("model.").map(str::to_string).unwrap_or(k), v)).collect();
+    assert!(bare.contains_key("layers.0.self_attn.q_norm.weight") && !bare.keys().any(|k| k.starts_with("model.")));
+    candle_core::safetensors::save(&bare, tmp.path().join("model.safetensors")).unwrap();
+    let (_, model) = load(tmp.path());
+    check("qwen3 base-model names", &model, &Reference::load(&dir.join("reference.safetensors")));
+}
