@@ -5,6 +5,7 @@ that the server is exactly where it started.
 Starts the binary on port 0 (the built-in demo model unless --server-args names one) and runs
 --clients threads for --duration seconds over a weighted mix: streamed chat/completions that we
 cut off after a few chunks (FIN or RST), non-streamed requests with n in 1..4 and prompt lists,
+embeddings (the server runs `--runner pooling` unless --server-args names a runner),
 requests abandoned before the answer, tokenize/detokenize, /metrics, /v1/models, malformed
 bodies and generated hostile constraints (deep grammar and `$ref` chains, wide objects and
 alternations, nested repeats, big choice lists, nested tool schemas, forced calls with a format). Fails on any 5xx, malformed response (bad JSON shape, error envelope missing, a stream we
@@ -297,7 +298,7 @@ def hostile_constraint(rng):
 def one_request(cl, rng, stats):
     """One request of the weighted mix, validated."""
     kind = rng.choices(["chat_stream", "cmpl_stream", "chat", "cmpl", "abandon", "tokenize", "metrics",
-                        "models", "malformed", "hostile"], [22, 18, 12, 12, 5, 8, 3, 3, 8, 4])[0]
+                        "models", "malformed", "hostile", "embed"], [22, 18, 12, 12, 5, 8, 3, 3, 8, 4, 4])[0]
     temp = rng.choice([0.0, 0.7, 1.0])
     common = {"max_tokens": rng.randint(2, MT), "temperature": temp, "seed": rng.randint(0, 1 << 30),
               "ignore_eos": rng.random() < 0.5}
@@ -343,6 +344,16 @@ def one_request(cl, rng, stats):
         status, text, _ = cl.call("GET", "/metrics")
         if check_status(kind, status, text) and "vllm:num_requests_running" not in text:
             fail("/metrics lacks vllm:num_requests_running")
+    elif kind == "embed":
+        # The server runs --runner pooling: embeddings share the engine with everything above.
+        inputs = [prompt(rng) for _ in range(rng.randint(1, 4))]
+        body = {"input": inputs if len(inputs) > 1 else inputs[0], "dimensions": rng.choice([None, 16])}
+        status, v, _ = cl.call("POST", "/v1/embeddings", {k: x for k, x in body.items() if x is not None})
+        if check_status(kind, status, v):
+            data = v.get("data") if isinstance(v, dict) else None
+            if not (isinstance(data, list) and len(data) == len(inputs)
+                    and all(abs(sum(x * x for x in d["embedding"]) - 1) < 1e-3 for d in data)):
+                fail(f"/v1/embeddings: unexpected answer {str(v)[:200]}")
     elif kind == "models":
         status, v, _ = cl.call("GET", "/v1/models")
         if check_status(kind, status, v) and not (v.get("object") == "list" and v["data"][0].get("id")):
@@ -436,6 +447,8 @@ def main():
     ap.add_argument("--idle-timeout", type=float, default=30, help="seconds for the gauges to return to 0")
     a = ap.parse_args()
     server_args = shlex.split(a.server_args) + (["--api-key", a.api_key] if a.api_key else [])
+    if "--runner" not in server_args:
+        server_args += ["--runner", "pooling"]  # embeddings in the mix; the server still generates
     # The admission check at the end sends one request of the whole admission limit: let one
     # request hold that much (by default it may hold half).
     if "--max-seqs-per-request" not in server_args:
