@@ -11,6 +11,7 @@ use std::io::Read;
 use std::path::Path;
 
 mod gguf;
+mod gguf_spm;
 
 pub use gguf::gguf_token_type;
 
@@ -94,6 +95,42 @@ pub struct Tokenizer {
     special_ids: HashSet<u32>,
     /// Where this tokenizer came from, for error messages.
     source_name: String,
+    /// How a token's string stands for its bytes.
+    pieces: PieceEncoding,
+}
+
+/// How a vocabulary entry spells its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PieceEncoding {
+    /// GPT-2's byte-to-unicode table (Qwen, Llama 3): `Ġ` is a space.
+    ByteLevel,
+    /// SentencePiece's (Llama 2, Mistral): `▁` is a space, `<0x0A>` the byte 0x0A, the rest UTF-8.
+    SentencePiece,
+}
+
+impl PieceEncoding {
+    /// SentencePiece when the decoder undoes `▁` or byte-fallback pieces and no byte-level
+    /// decoder is in it.
+    fn of(decoder: Option<&tokenizers::DecoderWrapper>) -> Self {
+        use tokenizers::DecoderWrapper as D;
+        fn walk(d: &D, spm: &mut bool, byte_level: &mut bool) {
+            match d {
+                D::ByteLevel(_) => *byte_level = true,
+                D::Metaspace(_) | D::ByteFallback(_) => *spm = true,
+                D::Sequence(s) => s.get_decoders().iter().for_each(|d| walk(d, spm, byte_level)),
+                _ => {}
+            }
+        }
+        let (mut spm, mut byte_level) = (false, false);
+        if let Some(d) = decoder {
+            walk(d, &mut spm, &mut byte_level);
+        }
+        if spm && !byte_level {
+            PieceEncoding::SentencePiece
+        } else {
+            PieceEncoding::ByteLevel
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -134,7 +171,8 @@ impl Tokenizer {
     fn from_inner(inner: tokenizers::Tokenizer, source_name: String) -> Self {
         let special_ids =
             inner.get_added_tokens_decoder().into_iter().filter(|(_, tok)| tok.special).map(|(id, _)| id).collect();
-        Self { inner, special_ids, source_name }
+        let pieces = PieceEncoding::of(inner.get_decoder());
+        Self { inner, special_ids, source_name, pieces }
     }
 
     /// Loads a Hugging Face `tokenizer.json`. Gzipped files are accepted too (detected by
@@ -239,6 +277,9 @@ impl Tokenizer {
         if self.is_special(id) {
             return Some(s.into_bytes());
         }
+        if self.pieces == PieceEncoding::SentencePiece {
+            return Some(sentencepiece_bytes(&s));
+        }
         // GPT-2's byte-to-unicode table, inverted: printable bytes map to themselves, the others
         // to U+0100 onwards in byte order. A token outside it (an added token) is plain text.
         let mut out = Vec::with_capacity(s.len());
@@ -250,6 +291,15 @@ impl Tokenizer {
         }
         Some(out)
     }
+}
+
+/// A SentencePiece piece's bytes: `<0xXX>` is that byte, `▁` a space.
+fn sentencepiece_bytes(piece: &str) -> Vec<u8> {
+    let hex = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).filter(|h| h.len() == 2);
+    if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+        return vec![b];
+    }
+    piece.replace('\u{2581}', " ").into_bytes()
 }
 
 fn byte_of(c: char) -> Option<u8> {

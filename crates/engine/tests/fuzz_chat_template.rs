@@ -407,6 +407,7 @@ fn small_vocab() -> GgufTokenizerMeta {
         chat_template: Some(
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into(),
         ),
+        ..Default::default()
     }
 }
 

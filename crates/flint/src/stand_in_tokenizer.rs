@@ -69,6 +69,7 @@ pub fn llama3_stand_in(qwen: &Tokenizer, vocab: usize) -> Result<GgufTokenizerMe
         padding_token_id: id(4),
         add_bos_token: Some(true),
         chat_template: None,
+        ..Default::default()
     })
 }
 

@@ -109,6 +109,7 @@ fn llama_style_tokenizer() -> flint_model::gguf::GgufTokenizerMeta {
              <|end_header_id|>\n\n{% endif %}"
                 .into(),
         ),
+        ..Default::default()
     }
 }
 

@@ -93,6 +93,16 @@ impl Meta<'_> {
         let v = self.0.get(key)?.to_vec().ok()?;
         v.iter().map(|x| x.to_string().ok().cloned()).collect()
     }
+    pub fn floats(&self, key: &str) -> Option<Vec<f32>> {
+        let v = self.0.get(key)?.to_vec().ok()?;
+        v.iter()
+            .map(|x| match x {
+                Value::F32(f) => Some(*f),
+                Value::F64(f) => Some(*f as f32),
+                _ => None,
+            })
+            .collect()
+    }
     pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
         let v = self.0.get(key)?.to_vec().ok()?;
         v.iter().map(|x| value_as_u64(x).map(|u| u as i64).or_else(|| x.to_i32().ok().map(i64::from))).collect()
@@ -132,6 +142,11 @@ pub struct GgufTokenizerMeta {
     /// first (Llama 3: true; Qwen: false or absent).
     pub add_bos_token: Option<bool>,
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.scores`: SentencePiece's piece scores (model "llama"), which rank its merges.
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece's dummy prefix, a `▁` before the text
+    /// (absent: true, as llama.cpp assumes for model "llama").
+    pub add_space_prefix: Option<bool>,
 }
 
 impl GgufTokenizerMeta {
@@ -156,6 +171,11 @@ impl GgufTokenizerMeta {
                 _ => None,
             },
             chat_template: m.string("tokenizer.chat_template"),
+            scores: m.floats("tokenizer.ggml.scores").unwrap_or_default(),
+            add_space_prefix: match m.get("tokenizer.ggml.add_space_prefix") {
+                Some(Value::Bool(b)) => Some(*b),
+                _ => None,
+            },
         })
     }
 }

@@ -81,6 +81,7 @@ fn tiny_tokenizer() -> GgufTokenizerMeta {
         chat_template: Some(
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}".into(),
         ),
+        ..Default::default()
     }
 }
 

@@ -119,11 +119,14 @@ impl Tokenizer {
     pub fn from_gguf(meta: &GgufTokenizerMeta) -> Result<Self> {
         use gguf_token_type::{CONTROL, UNUSED, USER_DEFINED};
 
+        if meta.model == "llama" {
+            return Self::from_gguf_sentencepiece(meta);
+        }
         if meta.model != "gpt2" {
             return Err(TokenizerError::Gguf {
                 field: "tokenizer.ggml.model",
                 reason: format!(
-                    "unsupported tokenizer model {:?} (only byte-level BPE \"gpt2\" is supported)",
+                    "unsupported tokenizer model {:?} (supported: byte-level BPE \"gpt2\", SentencePiece \"llama\")",
                     meta.model
                 ),
             });
@@ -306,6 +309,7 @@ impl Tokenizer {
             padding_token_id: None,
             add_bos_token: None,
             chat_template: None,
+            ..Default::default()
         })
     }
 }

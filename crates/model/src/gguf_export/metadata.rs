@@ -215,6 +215,7 @@ mod tests {
             padding_token_id: None,
             add_bos_token: None,
             chat_template: Some("{{ x }}".into()),
+            ..Default::default()
         };
         let export = GgufExport { config: &cfg, name: "t".into(), tokenizer: Some(&tok), ty: GgufType::Q8_0 };
         let m: std::collections::HashMap<String, GgufValue> = export.metadata().unwrap().into_iter().collect();
