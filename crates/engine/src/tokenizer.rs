@@ -184,6 +184,14 @@ impl Tokenizer {
         Self::from_named_bytes(&bytes, name)
     }
 
+    /// This tokenizer as a `tokenizer.json` (e.g. one rebuilt from a GGUF's metadata).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| TokenizerError::Parse {
+            source_name: self.source_name.clone(),
+            message: format!("cannot serialise: {e}"),
+        })
+    }
+
     /// Parses a `tokenizer.json` held in memory (plain or gzipped).
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self> {
         Self::from_named_bytes(bytes, "<bytes>".to_string())

@@ -60,6 +60,22 @@ fn sentencepiece_from_gguf_matches_sentencepiece() {
     assert!(checked >= 30, "only {checked} cases compared");
 }
 
+/// The same tokenizer written as a `tokenizer.json` (the form Llama 2 and Mistral checkpoints
+/// ship) and read back: the same ids, and its token bytes still read as SentencePiece's.
+#[test]
+fn as_tokenizer_json_it_encodes_and_spells_the_same() {
+    let (tok, _) = tokenizer();
+    let json = Tokenizer::from_json_bytes(tok.to_json().unwrap().as_bytes()).unwrap();
+    for case in cases() {
+        let text = case["text"].as_str().unwrap();
+        let ids = tok.encode(text, true).unwrap();
+        assert_eq!(json.encode(text, true).unwrap(), ids, "{text:?}");
+        for &i in &ids {
+            assert_eq!(json.token_bytes(i), tok.token_bytes(i), "{text:?}: token {i}");
+        }
+    }
+}
+
 #[test]
 fn a_sentencepiece_gguf_without_scores_is_refused_naming_the_field() {
     let (_, mut meta) = tokenizer();
