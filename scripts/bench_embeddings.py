@@ -6,6 +6,9 @@ token). A ratio near 1 means pooling costs what prefill costs. Standard library 
 
     python3 scripts/bench_embeddings.py target/release/flint MODEL_DIR 1x512 16x64
 """
+
+import json, random, re, statistics, subprocess, sys, threading, time, urllib.request
+
 flint, model = sys.argv[1], sys.argv[2]
 p = subprocess.Popen([flint, "serve", "--port", "0", "--model", model, "--runner", "pooling"], stderr=subprocess.PIPE, text=True)
 base = None
