@@ -94,18 +94,22 @@ fn post_processor(meta: &GgufTokenizerMeta, byte_level: ByteLevel) -> Result<Pos
         _ => None,
     };
     let Some((token, id)) = bos else { return Ok(PostProcessorWrapper::ByteLevel(byte_level)) };
+    Ok(PostProcessorWrapper::Sequence(PostSequence::new(vec![
+        PostProcessorWrapper::ByteLevel(byte_level),
+        PostProcessorWrapper::Template(bos_template(&token, id)?),
+    ])))
+}
+
+/// The BOS `token` (id `id`) in front of a text, and of each text of a pair.
+pub(super) fn bos_template(token: &str, id: u32) -> Result<TemplateProcessing> {
     let err = |e: String| TokenizerError::Gguf { field: "tokenizer.ggml.add_bos_token", reason: e };
-    let template = TemplateProcessing::builder()
+    TemplateProcessing::builder()
         .try_single(format!("{token} $A"))
         .and_then(|b| b.try_pair(format!("{token} $A {token} $B:1")))
         .map_err(err)?
-        .special_tokens(vec![(token.clone(), id)])
+        .special_tokens(vec![(token.to_string(), id)])
         .build()
-        .map_err(|e| err(e.to_string()))?;
-    Ok(PostProcessorWrapper::Sequence(PostSequence::new(vec![
-        PostProcessorWrapper::ByteLevel(byte_level),
-        PostProcessorWrapper::Template(template),
-    ])))
+        .map_err(|e| err(e.to_string()))
 }
 
 impl Tokenizer {

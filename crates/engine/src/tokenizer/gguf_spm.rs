@@ -12,9 +12,9 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
-use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, TokenizerBuilder};
 
+use super::gguf::bos_template;
 use super::gguf::gguf_token_type::{BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use super::{GgufTokenizerMeta, Result, Tokenizer, TokenizerError};
 
@@ -103,15 +103,7 @@ impl Tokenizer {
                     .tokens
                     .get(id as usize)
                     .ok_or_else(|| err("tokenizer.ggml.bos_token_id", format!("{id} is outside the {n} tokens")))?;
-                let e = |m: String| err("tokenizer.ggml.add_bos_token", m);
-                let t = TemplateProcessing::builder()
-                    .try_single(format!("{token} $A"))
-                    .and_then(|b| b.try_pair(format!("{token} $A {token} $B:1")))
-                    .map_err(e)?
-                    .special_tokens(vec![(token.clone(), id)])
-                    .build()
-                    .map_err(|x| e(x.to_string()))?;
-                Some(PostProcessorWrapper::Template(t))
+                Some(PostProcessorWrapper::Template(bos_template(token, id)?))
             }
             _ => None,
         };
