@@ -119,10 +119,15 @@ impl Pooler {
         }
     }
 
+    /// No row has arrived yet.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0 || self.sum.is_empty()
+    }
+
     /// The embedding: pooled, truncated to `dimensions`, L2-normalised when configured (in f64,
     /// then rounded once to f32). `None` if no row arrived (an engine bug, reported upstream).
     pub fn finish(&self) -> Option<Vec<f32>> {
-        if self.rows == 0 || self.sum.is_empty() {
+        if self.is_empty() {
             return None;
         }
         let scale = 1.0 / self.rows as f64;

@@ -87,7 +87,7 @@ impl<R: ModelRunner> EngineCore<R> {
     /// An embedding's prompt is in: its vector goes out with the final event.
     fn end_embedding(&mut self, seq: SeqId) {
         let Some(s) = self.samples.get(&seq) else { return };
-        if s.pooler.as_ref().and_then(Pooler::finish).is_none() {
+        if s.pooler.as_ref().is_none_or(Pooler::is_empty) {
             let group = s.group;
             self.fail_group(group, "internal error: the model returned no hidden states to pool");
             return;
