@@ -7,9 +7,9 @@
 //! [`Sampler`] is one sequence's state and the order of the steps; each step has its module:
 //! `params` the settings, `transforms` what is done to the row before the draw (grammar mask,
 //! bias, bans, penalties), `order` the best-first order of candidates (a radix sort), `draw`
-//! temperature, top-k, top-p, min-p and the seeded draw, `verify` speculative verification and
-//! `logprobs` the reported log-probabilities. The plain argmax is a model kernel
-//! ([`flint_model::kernels::argmax`]), re-exported here.
+//! temperature, top-k, top-p, min-p and the seeded draw (`weights` its vectorised exp), `verify`
+//! speculative verification and `logprobs` the reported log-probabilities. The plain argmax is a
+//! model kernel ([`flint_model::kernels::argmax`]), re-exported here.
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,6 +22,7 @@ mod order;
 mod params;
 mod transforms;
 mod verify;
+mod weights;
 
 pub use flint_model::kernels::argmax::argmax;
 pub use logprobs::{token_logprobs, TokenLogprobs};
@@ -81,7 +82,7 @@ impl Sampler {
             return argmax(row);
         }
         let support = support(row, &self.params, &mut self.sel);
-        draw(support, &self.sel, &mut self.rng)
+        draw(&support, &mut self.sel, row, &mut self.rng, None)
     }
 
     /// The mask, when it is all there is to a greedy draw: the argmax then reads only the

@@ -1,25 +1,42 @@
 //! Temperature, top-k, top-p and min-p, and the seeded draw: [`support`] finds what a draw
 //! chooses from without sorting the vocabulary, [`draw`] picks from it. Speculative verification
-//! (`verify`) reads the same support.
-
-use std::ops::ControlFlow;
+//! (`verify`) reads the same support and draws from it with the rejected proposal left out.
+//!
+//! Weights are fixed point. Each id weighs `exp((l - max) / T)` (the best token 1), rounded to
+//! the nearest multiple of 2^-`frac_bits` (2^-44 for a 151,936-id row), so that a whole row's sum
+//! fits a u64. Integer sums are exact: the mass of a group of ids does not depend on the order it is
+//! added in. That is what makes a nucleus cheap. Counting each key bucket's mass (`bucket`) in
+//! one pass finds the bucket where top-p's share is reached; only that bucket is put in
+//! best-first order to find the exact cut, and a draw puts in order only the bucket its number
+//! lands in. Nothing else of a nucleus of most of the vocabulary is ever sorted. A token whose
+//! weight rounds to 0 (below 2^-45 of the best's: together under 1e-8 of the mass) is never
+//! drawn.
 
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::order::{bucket, gather, sort_desc, Candidate, BUCKETS};
+use super::order::{bucket, gather, gather_bucket, sort_desc, Candidate, BUCKETS, NOT_A_CANDIDATE};
+use super::weights::{self, fixed_weight};
 use super::{argmax, SamplingParams};
 
-/// What a draw chooses from.
+/// What a draw chooses from. Every drawable id has a nonzero `Selection::drawn` weight.
 pub(super) enum Support {
     Certain(u32),
-    /// `Selection::cand[..len]`, best first, with `Selection::cum[..len]` their running mass.
+    /// Top-k: `Selection::cand[..len]`, best first, with `Selection::cum[..len]` their running
+    /// drawn mass.
     Prefix {
         len: usize,
     },
-    /// Every id, weighted by `Selection::weights` (0 for excluded ids); `mass` is their sum.
+    /// Top-p alone: every candidate of the buckets before `cut`, and the first `len` of bucket
+    /// `cut` (`Selection::cand[..len]`, best first); `mass` is their drawn weights' sum.
+    Nucleus {
+        cut: usize,
+        len: usize,
+        mass: u64,
+    },
+    /// Neither: every id, weighted by `Selection::drawn`; `mass` is their sum.
     Row {
-        mass: f64,
+        mass: u64,
     },
 }
 
@@ -27,46 +44,43 @@ pub(super) enum Support {
 /// once they have grown to the row's width.
 #[derive(Default)]
 pub(super) struct Selection {
-    /// Candidate (id, logit) pairs; after `support`, best first at least up to the cut. Grown
-    /// only as far as gathering needs, which for a peaked row is a small part of the vocabulary.
+    /// Candidate (id, logit) pairs: the top-k prefix, or the cut bucket, best first.
     pub(super) cand: Vec<Candidate>,
-    /// The radix sort's second half, as long as the largest bucket sorted.
+    /// The radix sort's second half.
     spare: Vec<Candidate>,
-    /// Weight of each id. A whole-row draw holds the row's width with 0 for excluded ids; a
-    /// prefix draw sets the candidates' entries and leaves the others stale.
-    pub(super) weights: Vec<f64>,
-    /// `cum[i]`: the weights of `cand[..=i]` added in order, the sums the draw compares against.
-    /// Grown as far as the scan goes; a prefix support says how much of it is set.
-    pub(super) cum: Vec<f64>,
-    /// Candidates per key bucket (`bucket`), and for top-p their summed weight.
+    /// The bucket a nucleus draw lands in, put in order.
+    landed: Vec<Candidate>,
+    /// Each id's key bucket (a Nucleus support), for `gather_bucket`.
+    keys: Vec<u16>,
+    /// Each id's fixed-point weight as drawn: 0 where min-p excludes it. Set for every id in a
+    /// Row or Nucleus support, for the kept candidates in a Prefix.
+    pub(super) drawn: Vec<u64>,
+    /// `cum[i]`: the drawn weights of `cand[..=i]` added in order (a Prefix support).
+    pub(super) cum: Vec<u64>,
+    /// Per key bucket: how many candidates, their fixed-point mass (what top-p's share counts)
+    /// and their drawn mass.
     counts: Vec<u32>,
-    mass: Vec<f64>,
+    mass: Vec<u64>,
+    drawn_mass: Vec<u64>,
+    /// 2^`frac_bits` of the last support, as an f64 (the best token's fixed-point weight).
+    pub(super) one: f64,
 }
 
-/// `exp((l - max) / T)`: subtracting the max first keeps the exponent ≤ 0, so it never overflows.
-fn weight(l: f32, max: f32, inv_t: f64) -> f64 {
-    ((f64::from(l) - f64::from(max)) * inv_t).exp()
+/// Fraction bits of a row of `n` ids: n weights of at most 1 sum below 2^62. 51 at most (what
+/// `fixed_weight` rounds exactly).
+fn frac_bits(n: usize) -> u32 {
+    let width = usize::BITS - n.max(1).leading_zeros();
+    62u32.saturating_sub(width).min(51)
 }
 
-/// The first batch of a nucleus is the leading buckets whose summed weight reaches this multiple
-/// of top_p's share. Bucket sums add in another order than the exact scan, so they can disagree
-/// in the last bits; the margin keeps the exact cut inside the first batch. Were it outside, the
-/// remaining buckets would be gathered too: slower, never different.
-const REACH: f64 = 1.0 + 1e-6;
+/// Top-p's share of `total`: the first best-first prefix whose mass reaches it is the nucleus
+/// (at least one unit, so the best token is always in).
+fn share(top_p: f32, total: u64) -> u64 {
+    ((f64::from(top_p) * total as f64).ceil() as u64).clamp(1, total.max(1))
+}
 
-/// Applies temperature, top-k, top-p and min-p to `row` without sorting the whole vocabulary.
-/// With neither top-k nor top-p the draw runs over the row itself. Otherwise the candidates are
-/// counted per key bucket (`bucket`), which shows which leading buckets hold the top k or the
-/// top_p share of the mass; only those are gathered, in bucket order, and each bucket is sorted
-/// (radix sort) only when the best-first scan reaches it, so a nucleus of most of the vocabulary
-/// costs a few linear passes and one exp() per id, and a small one far less.
+/// Applies temperature, top-k, top-p and min-p to `row` (see the module docs).
 pub(super) fn support(row: &[f32], p: &SamplingParams, sel: &mut Selection) -> Support {
-    support_reaching(row, p, sel, REACH)
-}
-
-/// `support` with the first batch of a nucleus sized by `reach` (see `REACH`); every `reach`
-/// gives the same support, which is what lets the tests vary it.
-fn support_reaching(row: &[f32], p: &SamplingParams, sel: &mut Selection, reach: f64) -> Support {
     let (max, finite) = match finite_max(row) {
         Extent::Infinite(i) => return Support::Certain(i),
         // Every logit NaN or -inf: nothing is a candidate.
@@ -74,25 +88,17 @@ fn support_reaching(row: &[f32], p: &SamplingParams, sel: &mut Selection, reach:
         Extent::Finite { max, finite } => (max, finite),
     };
     let inv_t = 1.0 / f64::from(p.temperature);
-    // min-p keeps p_i >= min_p * p_max, i.e. weight >= min_p since the best token weighs 1; the
-    // ratio survives the renormalisation of top-k and top-p, so applying it last is the same cut.
-    let min_w = f64::from(p.min_p);
+    let one = f64::from(frac_bits(row.len())).exp2();
+    sel.one = one;
+    // min-p keeps p_i >= min_p * p_max: a fixed-point weight of at least min_p times the best
+    // one's. The ratio survives the renormalisation of top-k and top-p, so applying it to the
+    // weights as drawn is the same cut as applying it last.
+    let min_w = (f64::from(p.min_p) * one).ceil() as u64;
     let top_k = p.top_k > 0 && p.top_k < finite;
-    let Selection { cand, spare, weights, cum, counts, mass } = sel;
-    if !top_k && p.top_p >= 1.0 {
-        weights.clear();
-        weights.extend(row.iter().map(|&l| {
-            let w = if l.is_finite() { weight(l, max, inv_t) } else { 0.0 };
-            if w >= min_w {
-                w
-            } else {
-                0.0
-            }
-        }));
-        return Support::Row { mass: weights.iter().sum() };
-    }
-    if weights.len() < row.len() {
-        weights.resize(row.len(), 0.0);
+    let Selection { cand, spare, drawn, cum, counts, mass, drawn_mass, keys, .. } = sel;
+    if drawn.len() < row.len() {
+        drawn.resize(row.len(), 0);
+        keys.resize(row.len(), NOT_A_CANDIDATE);
     }
     counts.clear();
     counts.resize(BUCKETS, 0);
@@ -114,60 +120,86 @@ fn support_reaching(row: &[f32], p: &SamplingParams, sel: &mut Selection, reach:
             start += c as usize;
         }
         let kept = &cand[..p.top_k.min(gathered)];
-        // Each weight once, in the best-first order the full-sort definition sums them.
-        let mut total = 0.0;
-        for &(id, l) in kept {
-            let w = weight(l, max, inv_t);
-            weights[id as usize] = w;
-            total += w;
+        let total: u64 = kept.iter().map(|&(_, l)| fixed_weight(l, max, inv_t, one)).sum();
+        let target = if p.top_p < 1.0 { share(p.top_p, total) } else { total };
+        if cum.len() < kept.len() {
+            cum.resize(kept.len(), 0);
         }
-        let target = if p.top_p < 1.0 { f64::from(p.top_p) * total } else { f64::INFINITY };
-        let (ControlFlow::Break(len) | ControlFlow::Continue(len)) = scan(kept, weights, target, min_w, cum, 0);
+        let (mut full, mut acc, mut len) = (0u64, 0u64, kept.len());
+        for (i, &(id, l)) in kept.iter().enumerate() {
+            let w = fixed_weight(l, max, inv_t, one);
+            let d = if w >= min_w { w } else { 0 };
+            drawn[id as usize] = d;
+            acc += d;
+            cum[i] = acc;
+            full += w;
+            if full >= target {
+                len = i + 1;
+                break;
+            }
+        }
         return Support::Prefix { len };
     }
-    mass.clear();
-    mass.resize(BUCKETS, 0.0);
-    // Each weight once, in id order as the definition sums the total; the scan and the draw reuse
-    // them.
-    let mut total = 0.0;
-    for (i, &l) in row.iter().enumerate().filter(|(_, l)| l.is_finite()) {
-        let w = weight(l, max, inv_t);
-        weights[i] = w;
-        total += w;
-        let b = bucket(l);
-        counts[b] += 1;
-        mass[b] += w;
+    // Each weight once (a vectorised pass), then min-p and the sums: per bucket for a nucleus.
+    let row_drawn = &mut drawn[..row.len()];
+    weights::fill(row, max, inv_t, one, row_drawn);
+    let nucleus = p.top_p < 1.0;
+    let mut total = 0u64;
+    let mut drawn_total = 0u64;
+    if nucleus {
+        mass.clear();
+        mass.resize(BUCKETS, 0);
+        drawn_mass.clear();
+        drawn_mass.resize(BUCKETS, 0);
+        for ((d, key), &l) in row_drawn.iter_mut().zip(keys.iter_mut()).zip(row) {
+            if !l.is_finite() {
+                *key = NOT_A_CANDIDATE;
+                continue;
+            }
+            let q = *d;
+            *d = if q >= min_w { q } else { 0 };
+            total += q;
+            let b = bucket(l);
+            *key = b as u16;
+            counts[b] += 1;
+            mass[b] += q;
+            drawn_mass[b] += *d;
+        }
+    } else {
+        // Integer sums vectorise: their order does not change them.
+        for d in row_drawn.iter_mut() {
+            *d = if *d >= min_w { *d } else { 0 };
+            drawn_total += *d;
+        }
     }
-    // Nucleus: the smallest prefix whose mass reaches top_p (always at least one token).
-    let target = f64::from(p.top_p) * total;
-    let mut seen = 0.0;
-    let first_batch = mass.iter().zip(counts.iter()).position(|(&m, &c)| {
-        seen += m;
-        c > 0 && seen >= reach * target
-    });
-    let mut gathered_to = first_batch.unwrap_or(BUCKETS - 1);
-    gather(row, counts, 0, gathered_to, 0, cand);
-    // `start`: where bucket b begins in `cand`, and how much of the order is scanned.
-    let mut start = 0;
+    if !nucleus {
+        return Support::Row { mass: drawn_total };
+    }
+    // The nucleus ends in the first bucket whose running mass reaches the share; only it is
+    // sorted, to find the exact cut.
+    let target = share(p.top_p, total);
+    let (mut before, mut kept) = (0u64, 0u64);
+    let mut cut = BUCKETS - 1;
     for b in 0..BUCKETS {
-        let c = counts[b] as usize;
-        if c == 0 {
-            continue;
+        if counts[b] > 0 && before + mass[b] >= target {
+            cut = b;
+            break;
         }
-        if b > gathered_to {
-            // The estimate fell short: everything in later buckets ranks below what was
-            // scanned, so gathering them behind it continues the same order.
-            gather(row, counts, b, BUCKETS - 1, start, cand);
-            gathered_to = BUCKETS - 1;
-        }
-        let group = &mut cand[start..start + c];
-        sort_desc(group, spare);
-        match scan(group, weights, target, min_w, cum, start) {
-            ControlFlow::Break(len) => return Support::Prefix { len },
-            ControlFlow::Continue(len) => start = len,
+        before += mass[b];
+        kept += drawn_mass[b];
+    }
+    let n = gather_bucket(row, &keys[..row.len()], cut, cand);
+    sort_desc(&mut cand[..n], spare);
+    let mut len = n;
+    for (i, &(id, _)) in cand[..n].iter().enumerate() {
+        kept += drawn[id as usize];
+        before += fixed_weight(row[id as usize], max, inv_t, one);
+        if before >= target {
+            len = i + 1;
+            break;
         }
     }
-    Support::Prefix { len: start }
+    Support::Nucleus { cut, len, mass: kept }
 }
 
 /// What the first pass over a row finds.
@@ -207,96 +239,117 @@ fn finite_max(row: &[f32]) -> Extent {
     Extent::Finite { max: m, finite: n }
 }
 
-/// Continues the best-first scan over `group`, the candidates from position `at` on, recording
-/// the running mass in `cum[at..]`. Breaks with the kept length where the prefix ends: before a
-/// token below min-p (never before the first), or with the token that brings the mass to
-/// `target`; otherwise continues with the length scanned.
-fn scan(
-    group: &[Candidate],
-    weights: &[f64],
-    target: f64,
-    min_w: f64,
-    cum: &mut Vec<f64>,
-    at: usize,
-) -> ControlFlow<usize, usize> {
-    if cum.len() < at + group.len() {
-        cum.resize(at + group.len(), 0.0);
-    }
-    let mut acc = if at == 0 { 0.0 } else { cum[at - 1] };
-    for (i, (&(id, _), c)) in group.iter().zip(&mut cum[at..]).enumerate() {
-        let w = weights[id as usize];
-        if w < min_w && at + i > 0 {
-            return ControlFlow::Break(at + i);
+/// Whether `token` can be drawn from `s` (nonzero drawn weight inside the support).
+pub(super) fn drawable(s: &Support, sel: &Selection, row: &[f32], token: u32) -> bool {
+    let t = token as usize;
+    let weighed = || sel.drawn.get(t).is_some_and(|&d| d > 0);
+    match *s {
+        Support::Certain(id) => id == token,
+        Support::Prefix { len } => sel.cand[..len].iter().any(|c| c.0 == token) && weighed(),
+        Support::Nucleus { cut, len, .. } => {
+            let l = row.get(t).copied().unwrap_or(f32::NAN);
+            l.is_finite()
+                && weighed()
+                && match bucket(l).cmp(&cut) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Equal => sel.cand[..len].iter().any(|c| c.0 == token),
+                    std::cmp::Ordering::Greater => false,
+                }
         }
-        acc += w;
-        *c = acc;
-        if acc >= target {
-            return ControlFlow::Break(at + i + 1);
-        }
+        Support::Row { .. } => t < row.len() && weighed(),
     }
-    ControlFlow::Continue(at + group.len())
 }
 
-pub(super) fn draw(s: Support, sel: &Selection, rng: &mut StdRng) -> u32 {
-    match s {
-        Support::Certain(id) => id,
-        Support::Prefix { len } => {
-            // The scan's running sums: the last is the kept mass, added in the same order the
-            // linear draw's accumulator would add it.
-            let cum = &sel.cum[..len.min(sel.cum.len())];
-            let kept = &sel.cand[..cum.len()];
-            let r = rng.random::<f64>() * cum.last().copied().unwrap_or(0.0);
-            // The first running sum past r: where a linear walk would stop. A zero weight leaves
-            // the sum where it was, so the first sum past r is always a token with weight.
-            if let Some(&(id, _)) = kept.get(cum.partition_point(|&c| c <= r)) {
-                return id;
-            }
-            // Rounding left r at the mass: the last kept token with weight. The best token always
-            // weighs 1, so it is the fallback.
-            kept.iter()
-                .rev()
-                .find(|&&(id, _)| sel.weights.get(id as usize).is_some_and(|&w| w > 0.0))
-                .or(kept.first())
-                .map_or(0, |c| c.0)
-        }
-        Support::Row { mass } => {
-            let r = rng.random::<f64>() * mass;
-            let mut acc = 0.0;
-            let mut last = 0;
-            for (i, &w) in sel.weights.iter().enumerate() {
-                if w > 0.0 {
-                    acc += w;
-                    last = i;
-                    if r < acc {
-                        return i as u32;
-                    }
-                }
-            }
-            last as u32
-        }
+/// A seeded draw from `s`: a number below the support's drawn mass, then the first token in the
+/// support's order (id order for a Row, best first otherwise) whose running mass passes it.
+/// With `skip`, that token is taken out first (speculative verification's residual); if nothing
+/// else has weight, `skip` comes back.
+pub(super) fn draw(s: &Support, sel: &mut Selection, row: &[f32], rng: &mut StdRng, skip: Option<u32>) -> u32 {
+    let skipped = skip.filter(|&t| drawable(s, sel, row, t));
+    let skip_w = skipped.map_or(0, |t| sel.drawn[t as usize]);
+    let total = match *s {
+        Support::Certain(id) => return id,
+        Support::Prefix { len } => len.checked_sub(1).map_or(0, |i| sel.cum[i]),
+        Support::Nucleus { mass, .. } | Support::Row { mass } => mass,
+    } - skip_w;
+    if total == 0 {
+        return skip.unwrap_or(0);
     }
+    let mut r = rng.random_range(0..total);
+    // The first candidate of `group` whose running drawn mass passes `r`, skipping `skip`.
+    let pick = |group: &[Candidate], drawn: &[u64], r: u64| {
+        let mut acc = 0;
+        group.iter().map(|c| c.0).filter(|&id| Some(id) != skipped).find(|&id| {
+            acc += drawn[id as usize];
+            r < acc
+        })
+    };
+    let found = match *s {
+        Support::Certain(_) => None,
+        Support::Prefix { len } if skipped.is_none() => {
+            let cum = &sel.cum[..len];
+            sel.cand.get(cum.partition_point(|&c| c <= r)).map(|c| c.0)
+        }
+        Support::Prefix { len } => pick(&sel.cand[..len], &sel.drawn, r),
+        Support::Row { .. } => {
+            let mut acc = 0;
+            (0..row.len() as u32).filter(|&id| Some(id) != skipped).find(|&id| {
+                acc += sel.drawn[id as usize];
+                r < acc
+            })
+        }
+        Support::Nucleus { cut, len, .. } => {
+            let skip_bucket = skipped.map(|t| bucket(row[t as usize]));
+            let mut found = None;
+            for b in 0..=cut {
+                let m = if b == cut {
+                    sel.cand[..len].iter().map(|c| sel.drawn[c.0 as usize]).sum()
+                } else {
+                    sel.drawn_mass[b]
+                } - if skip_bucket == Some(b) { skip_w } else { 0 };
+                if r >= m {
+                    r -= m;
+                    continue;
+                }
+                found = if b == cut {
+                    pick(&sel.cand[..len], &sel.drawn, r)
+                } else {
+                    // The bucket the number landed in, put in best-first order.
+                    let n = gather_bucket(row, &sel.keys[..row.len()], b, &mut sel.landed);
+                    sort_desc(&mut sel.landed[..n], &mut sel.spare);
+                    pick(&sel.landed[..n], &sel.drawn, r)
+                };
+                break;
+            }
+            found
+        }
+    };
+    // Exact sums leave no rounding to fall through; this only guards the invariant.
+    found.or(skipped).unwrap_or(0)
 }
 
 #[cfg(test)]
 impl super::Sampler {
-    /// The ids that can be drawn and their unnormalised weights, sorted by id.
-    #[cfg(test)]
+    /// The ids that can be drawn and their weights in units of the best token's, sorted by id.
     pub(super) fn support_weights(&mut self, logits: &[f32]) -> Vec<(u32, f64)> {
-        self.support_weights_reaching(logits, REACH)
-    }
-
-    /// `support_weights` with the first batch of a nucleus chosen to reach `reach` × top_p of
-    /// the mass, so tests can force the second batch.
-    #[cfg(test)]
-    fn support_weights_reaching(&mut self, logits: &[f32], reach: f64) -> Vec<(u32, f64)> {
         let row = &logits[..self.width(logits)];
-        let sel = &mut self.sel;
-        let mut out: Vec<(u32, f64)> = match support_reaching(row, &self.params, sel, reach) {
-            Support::Certain(id) => vec![(id, 1.0)],
-            Support::Prefix { len } => sel.cand[..len].iter().map(|&(id, _)| (id, sel.weights[id as usize])).collect(),
-            Support::Row { .. } => sel.weights.iter().enumerate().map(|(i, &w)| (i as u32, w)).collect(),
+        let s = support(row, &self.params, &mut self.sel);
+        let sel = &self.sel;
+        let ids: Vec<u32> = match s {
+            Support::Certain(id) => return vec![(id, 1.0)],
+            Support::Prefix { len } => sel.cand[..len].iter().map(|c| c.0).collect(),
+            Support::Nucleus { cut, len, .. } => (0..row.len())
+                .filter(|&i| row[i].is_finite() && bucket(row[i]) < cut)
+                .map(|i| i as u32)
+                .chain(sel.cand[..len].iter().map(|c| c.0))
+                .collect(),
+            Support::Row { .. } => (0..row.len() as u32).collect(),
         };
-        out.retain(|&(_, w)| w > 0.0);
+        let mut out: Vec<(u32, f64)> = ids
+            .into_iter()
+            .filter(|&id| sel.drawn[id as usize] > 0)
+            .map(|id| (id, sel.drawn[id as usize] as f64 / sel.one))
+            .collect();
         out.sort_by_key(|&(id, _)| id);
         out
     }
@@ -376,30 +429,28 @@ mod tests {
     }
 
     /// The definition: sort every finite id (best first, ties to the lower id), keep the top k,
-    /// then the smallest prefix reaching top_p of the (top-k renormalised) mass, then min-p.
-    /// Returns the kept (id, weight) pairs best first, zero weights included.
-    fn full_sort_nucleus(row: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+    /// then the smallest prefix whose fixed-point mass reaches top_p's share of the (top-k
+    /// renormalised) mass; min-p zeroes the weights below its share of the best. Returns the kept
+    /// (id, drawn weight) pairs best first, zero weights included.
+    fn full_sort_nucleus(row: &[f32], p: &SamplingParams) -> Vec<(u32, u64)> {
         let max = row.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
         let inv_t = 1.0 / f64::from(p.temperature);
+        let one = f64::from(frac_bits(row.len())).exp2();
+        let q = |l: f32| fixed_weight(l, max, inv_t, one);
         let mut all: Vec<(u32, f32)> =
             row.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| candidate(i, l)).collect();
         // Ids are unique, so any correct sort gives this one order (`desc` is left alone: it counts).
         all.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let total: f64 = if p.top_k > 0 && p.top_k < all.len() {
+        if p.top_k > 0 && p.top_k < all.len() {
             all.truncate(p.top_k);
-            all.iter().map(|&(_, l)| weight(l, max, inv_t)).sum()
-        } else {
-            row.iter().filter(|l| l.is_finite()).map(|&l| weight(l, max, inv_t)).sum()
-        };
-        let target = if p.top_p < 1.0 { f64::from(p.top_p) * total } else { f64::INFINITY };
-        let mut acc = 0.0;
+        }
+        let total: u64 = all.iter().map(|&(_, l)| q(l)).sum();
+        let target = if p.top_p < 1.0 { share(p.top_p, total) } else { total };
+        let mut acc = 0;
         let mut out = Vec::new();
         for &(id, l) in &all {
-            let w = weight(l, max, inv_t);
-            if w < f64::from(p.min_p) {
-                break;
-            }
-            out.push((id, w));
+            let w = q(l);
+            out.push((id, if w as f64 >= f64::from(p.min_p) * one { w } else { 0 }));
             acc += w;
             if acc >= target {
                 break;
@@ -408,17 +459,18 @@ mod tests {
         out
     }
 
-    /// The drawable ids of a nucleus and their weights, sorted by id.
-    fn support_of(mut out: Vec<(u32, f64)>) -> Vec<(u32, f64)> {
-        out.retain(|&(_, w)| w > 0.0);
+    /// The drawable ids of a nucleus and their weights in units of the best's, sorted by id.
+    fn support_of(row: &[f32], mut out: Vec<(u32, u64)>) -> Vec<(u32, f64)> {
+        let one = f64::from(frac_bits(row.len())).exp2();
+        out.retain(|&(_, w)| w > 0);
         out.sort_by_key(|&(id, _)| id);
-        out
+        out.into_iter().map(|(id, w)| (id, w as f64 / one)).collect()
     }
 
     /// `count` draws from a generator seeded with `seed`, by the definition spelled out the slow
     /// way: a +inf is certain, no finite logit means argmax; without top-k and top-p a walk over
-    /// the row in id order, otherwise a walk over the full-sort nucleus best first, each walk
-    /// adding the weights up afresh.
+    /// the row in id order, otherwise a walk over the full-sort nucleus best first: a number
+    /// below the drawn mass, and the first token whose running mass passes it.
     fn full_sort_draws(row: &[f32], p: &SamplingParams, seed: u64, count: usize) -> Vec<u32> {
         full_sort_draws_from(row, p, None, seed, count)
     }
@@ -427,7 +479,7 @@ mod tests {
     fn full_sort_draws_from(
         row: &[f32],
         p: &SamplingParams,
-        nucleus: Option<Vec<(u32, f64)>>,
+        nucleus: Option<Vec<(u32, u64)>>,
         seed: u64,
         count: usize,
     ) -> Vec<u32> {
@@ -441,11 +493,12 @@ mod tests {
         let kept = if (p.top_k == 0 || p.top_k >= finite) && p.top_p >= 1.0 {
             let max = row.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
             let inv_t = 1.0 / f64::from(p.temperature);
+            let one = f64::from(frac_bits(row.len())).exp2();
             row.iter()
                 .enumerate()
                 .map(|(i, &l)| {
-                    let w = if l.is_finite() { weight(l, max, inv_t) } else { 0.0 };
-                    (i as u32, if w >= f64::from(p.min_p) { w } else { 0.0 })
+                    let w = if l.is_finite() { fixed_weight(l, max, inv_t, one) } else { 0 };
+                    (i as u32, if w as f64 >= f64::from(p.min_p) * one { w } else { 0 })
                 })
                 .collect()
         } else {
@@ -453,21 +506,48 @@ mod tests {
         };
         let mut rng = StdRng::seed_from_u64(seed);
         let mut walk = || {
-            let mass: f64 = kept.iter().map(|&(_, w)| w).sum();
-            let r = rng.random::<f64>() * mass;
-            let (mut acc, mut last) = (0.0, kept[0].0);
-            for &(id, w) in &kept {
-                if w > 0.0 {
+            let mass: u64 = kept.iter().map(|&(_, w)| w).sum();
+            let r = rng.random_range(0..mass);
+            let mut acc = 0;
+            kept.iter()
+                .find(|&&(_, w)| {
                     acc += w;
-                    last = id;
-                    if r < acc {
-                        return id;
-                    }
-                }
-            }
-            last
+                    r < acc
+                })
+                .map(|c| c.0)
+                .expect("r is below the mass")
         };
         (0..count).map(|_| walk()).collect()
+    }
+
+    /// One draw without `skip`, by the definition: the support's walk (id order for a whole
+    /// row, best first for a nucleus) with `skip` left out; `skip` itself when nothing else has
+    /// weight.
+    fn residual_draw(row: &[f32], p: &SamplingParams, nucleus: Vec<(u32, u64)>, skip: u32, seed: u64) -> u32 {
+        if let Some(i) = row.iter().position(|&l| l == f32::INFINITY) {
+            return i as u32;
+        }
+        let finite = row.iter().filter(|l| l.is_finite()).count();
+        if finite == 0 {
+            return argmax(row);
+        }
+        let mut kept = nucleus;
+        if (p.top_k == 0 || p.top_k >= finite) && p.top_p >= 1.0 {
+            kept.sort_by_key(|c| c.0);
+        }
+        kept.retain(|c| c.0 != skip && c.1 > 0);
+        let mass: u64 = kept.iter().map(|c| c.1).sum();
+        if mass == 0 {
+            return skip;
+        }
+        let r = StdRng::seed_from_u64(seed).random_range(0..mass);
+        let mut acc = 0;
+        kept.iter()
+            .find(|c| {
+                acc += c.1;
+                r < acc
+            })
+            .map_or(skip, |c| c.0)
     }
 
     /// Rows where selection is hard: nearly flat (the nucleus is most of the row), coarse (many
@@ -518,12 +598,12 @@ mod tests {
         }
     }
 
-    /// Whatever the first batch (`reach`), the support is the definition's, and seeded draws pick
+    /// The support is the definition's, and seeded draws pick
     /// the very tokens the definition's linear walk picks.
     #[test]
     fn partial_selection_matches_the_full_sort_definition() {
         let mut rng = StdRng::seed_from_u64(1234);
-        let (mut second_batch, mut big_nuclei, mut radix_groups) = (0, 0, 0);
+        let (mut nuclei, mut big_nuclei, mut radix_groups) = (0, 0, 0);
         for case in 0..400u64 {
             let wide = case % 200 == 7;
             let n = match case % 4 {
@@ -535,22 +615,31 @@ mod tests {
             let row = hard_row(&mut rng, n);
             let p = random_params(&mut rng, n, case);
             let nucleus = full_sort_nucleus(&row, &p);
-            let want = support_of(nucleus.clone());
             let mut s = Sampler::new(p.clone(), n);
-            for reach in [REACH, 0.0, rng.random_range(0.0..1.0)] {
-                assert_eq!(s.support_weights_reaching(&row, reach), want, "case {case}: n={n} reach={reach} {p:?}");
-            }
-            second_batch += usize::from(p.top_k == 0 && p.top_p < 1.0);
-            big_nuclei += usize::from(want.len() > 1000);
-            radix_groups += usize::from(want.len() > RADIX_MIN);
+            assert_eq!(s.support_weights(&row), support_of(&row, nucleus.clone()), "case {case}: n={n} {p:?}");
+            nuclei += usize::from(p.top_k == 0 && p.top_p < 1.0);
+            let kept = nucleus.iter().filter(|c| c.1 > 0).count();
+            big_nuclei += usize::from(kept > 1000);
+            radix_groups += usize::from(kept > RADIX_MIN);
             let draws = if wide { 2 } else { 6 };
             let got: Vec<u32> = (0..draws).map(|_| s.sample(&row, &[])).collect();
-            assert_eq!(got, full_sort_draws_from(&row, &p, Some(nucleus), case, draws), "case {case}: n={n} {p:?}");
+            assert_eq!(
+                got,
+                full_sort_draws_from(&row, &p, Some(nucleus.clone()), case, draws),
+                "case {case}: n={n} {p:?}"
+            );
+            // Verification's residual: the same walk with one token taken out (a drawable one,
+            // or any id).
+            let skip = match nucleus.iter().filter(|c| c.1 > 0).nth(rng.random_range(0..4)) {
+                Some(c) if case % 3 != 0 => c.0,
+                _ => rng.random_range(0..n as u32),
+            };
+            let support = support(&row, &p, &mut s.sel);
+            let mut gen = StdRng::seed_from_u64(case);
+            let got = draw(&support, &mut s.sel, &row, &mut gen, Some(skip));
+            assert_eq!(got, residual_draw(&row, &p, nucleus, skip, case), "case {case}: n={n} skip {skip} {p:?}");
         }
-        assert!(
-            second_batch > 100 && big_nuclei > 30 && radix_groups > 60,
-            "{second_batch} {big_nuclei} {radix_groups}"
-        );
+        assert!(nuclei > 100 && big_nuclei > 30 && radix_groups > 60, "{nuclei} {big_nuclei} {radix_groups}");
     }
 
     /// Runs of seeded draws over flat rows whose nucleus is most of the vocabulary, top-k, top-p

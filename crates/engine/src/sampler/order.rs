@@ -77,6 +77,30 @@ pub(super) fn gather(
     end as usize - at
 }
 
+/// `bucket` of every id of a row as a nucleus records it, with `NOT_A_CANDIDATE` for NaN and
+/// -inf; `gather_bucket` reads it back.
+pub(super) const NOT_A_CANDIDATE: u16 = u16::MAX;
+const _: () = assert!(BUCKETS <= NOT_A_CANDIDATE as usize);
+
+/// Writes the candidates of bucket `b` into `cand` (cleared first) in id order, finding them
+/// through `keys` (each id's bucket) rather than the logits: a scan of 2-byte keys whose
+/// 64-id spans the compiler checks in vector compares, looking inside only the spans that hold
+/// one. Returns how many.
+pub(super) fn gather_bucket(row: &[f32], keys: &[u16], b: usize, cand: &mut Vec<Candidate>) -> usize {
+    const SPAN: usize = 64;
+    cand.clear();
+    let b = b as u16;
+    for (s, span) in keys.chunks(SPAN).enumerate() {
+        if span.iter().fold(false, |hit, &k| hit | (k == b)) {
+            for (j, _) in span.iter().enumerate().filter(|(_, &k)| k == b) {
+                let i = s * SPAN + j;
+                cand.push(candidate(i, row[i]));
+            }
+        }
+    }
+    cand.len()
+}
+
 /// Sorts one bucket's candidates into `desc` order: best first, ties to the lower id. Groups
 /// past `RADIX_MIN` go through an LSD radix sort on the bits of `desc_key` below the bucket's:
 /// it is stable, so given the group in id order (as `gather` leaves it) equal keys stay in id

@@ -9,7 +9,7 @@
 
 use rand::Rng;
 
-use super::draw::{support, Selection, Support};
+use super::draw::{draw, drawable, support, Selection, Support};
 use super::{argmax, masked_argmax, Sampler};
 
 impl Sampler {
@@ -26,64 +26,29 @@ impl Sampler {
             return (t, t == proposed);
         }
         let s = support(row, &self.params, &mut self.sel);
-        let p = probability(&s, &self.sel, proposed);
+        let p = probability(&s, &self.sel, row, proposed);
         if self.rng.random::<f64>() < p {
             return (proposed, true);
         }
-        (draw_without(s, &self.sel, &mut self.rng, proposed), false)
+        // The residual: the same support with the proposal taken out.
+        (draw(&s, &mut self.sel, row, &mut self.rng, Some(proposed)), false)
     }
 }
 
-/// The kept candidates of a prefix support, best first.
-fn prefix(sel: &Selection, len: usize) -> &[(u32, f32)] {
-    &sel.cand[..len.min(sel.cum.len()).min(sel.cand.len())]
-}
-
-/// `p(token)` under support `s`.
-fn probability(s: &Support, sel: &Selection, token: u32) -> f64 {
-    match *s {
-        Support::Certain(id) => f64::from(u8::from(id == token)),
-        Support::Prefix { len } => {
-            let kept = prefix(sel, len);
-            let mass = kept.len().checked_sub(1).map_or(0.0, |i| sel.cum[i]);
-            let w = kept.iter().find(|c| c.0 == token).map_or(0.0, |c| sel.weights[c.0 as usize]);
-            if mass > 0.0 {
-                w / mass
-            } else {
-                0.0
-            }
-        }
-        Support::Row { mass } => {
-            let w = sel.weights.get(token as usize).copied().unwrap_or(0.0);
-            if mass > 0.0 {
-                w / mass
-            } else {
-                0.0
-            }
-        }
+/// `p(token)` under support `s`: its drawn weight over the support's drawn mass.
+fn probability(s: &Support, sel: &Selection, row: &[f32], token: u32) -> f64 {
+    if !drawable(s, sel, row, token) {
+        return 0.0;
     }
-}
-
-/// A draw from support `s` with `token` taken out (the residual after rejecting it).
-fn draw_without(s: Support, sel: &Selection, rng: &mut rand::rngs::StdRng, token: u32) -> u32 {
-    let weighted: Box<dyn Iterator<Item = (u32, f64)> + '_> = match s {
-        // p(token) was 1 if it is the certain one, and then it was accepted.
-        Support::Certain(id) => return id,
-        Support::Prefix { len } => Box::new(prefix(sel, len).iter().map(|c| (c.0, sel.weights[c.0 as usize]))),
-        Support::Row { .. } => Box::new(sel.weights.iter().enumerate().map(|(i, &w)| (i as u32, w))),
+    let mass = match *s {
+        Support::Certain(_) => return 1.0,
+        Support::Prefix { len } => len.checked_sub(1).map_or(0, |i| sel.cum[i]),
+        Support::Nucleus { mass, .. } | Support::Row { mass } => mass,
     };
-    let rest: Vec<(u32, f64)> = weighted.filter(|&(id, w)| id != token && w > 0.0).collect();
-    let total: f64 = rest.iter().map(|r| r.1).sum();
-    let r = rng.random::<f64>() * total;
-    let mut acc = 0.0;
-    for &(id, w) in &rest {
-        acc += w;
-        if r < acc {
-            return id;
-        }
+    if mass == 0 {
+        return 0.0;
     }
-    // Rounding left r at the total (or nothing else had weight): the last candidate left.
-    rest.last().map_or(token, |c| c.0)
+    sel.drawn[token as usize] as f64 / mass as f64
 }
 
 #[cfg(test)]
