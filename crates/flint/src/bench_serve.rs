@@ -48,6 +48,12 @@ pub struct ServeBenchArgs {
     vocab_size: u32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sampling temperature of the timed requests (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus share of the timed requests (1: off); with --temperature, what the sampler costs.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// Write the result (and per-request timings) as JSON.
     #[arg(long)]
     save_result: Option<PathBuf>,
@@ -218,7 +224,8 @@ async fn bench(a: ServeBenchArgs) -> Result<()> {
         }
         let body = json!({
             "model": model, "prompt": p, "max_tokens": a.random_output_len, "ignore_eos": true,
-            "temperature": 0.0, "stream": true, "stream_options": {"include_usage": true},
+            "temperature": a.temperature, "top_p": a.top_p, "stream": true,
+            "stream_options": {"include_usage": true},
         });
         let (client, url, key, sem) = (client.clone(), url.clone(), key.clone(), sem.clone());
         tasks.push(tokio::spawn(async move {
