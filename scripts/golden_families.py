@@ -14,6 +14,14 @@ One tiny random checkpoint per family, each with the switch that sets it apart f
            rescaled), untied; transformers 5's `rope_parameters` config.
 - mistral: no biases, a 64-token sliding window on every layer (shorter than the 160- and
            300-token prompts); classic config.
+- qwen3_moe: Qwen3's attention, layer 0 a mixture of 8 experts (2 per token, renormalised),
+           layer 1 dense (`mlp_only_layers`); safetensors only (no GGUF yet).
+- qwen2_moe: Qwen2's biased attention, both layers 8 experts (2 per token, not renormalised)
+           plus the sigmoid-gated shared expert; safetensors only.
+
+For the mixtures the seed walk also asks every routing decision to be clear: at each token and
+sparse layer the k-th and (k+1)-th router probabilities differ by more than MIN_ROUTER_GAP (1e-5,
+a hundred times what f32 rounding moves them), so a token reaches the same experts in flint.
 
 Weights are rounded to bf16 and stored as bf16 (safetensors and GGUF alike), so the GGUF, written
 as llama.cpp's converter writes the family (`qwen3`, or `llama` with q/k rows permuted and Llama 3's
@@ -41,7 +49,9 @@ DEFAULT_OUT = REPO / "fixtures" / "families"
 EOS = [2, 3]
 # First weight seed tried per family; the script walks upwards until every greedy margin exceeds
 # golden.MIN_MARGIN, no greedy token is an EOS id and each prompt's greedy run has >= 3 distinct tokens.
-FIRST_SEED = {"qwen3": 3000, "llama3": 3100, "mistral": 3200}
+FIRST_SEED = {"qwen3": 3000, "llama3": 3100, "mistral": 3200, "qwen3_moe": 3888, "qwen2_moe": 3610}
+MIN_ROUTER_GAP = 1e-5
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 
 COMMON = {
     "attention_dropout": 0.0,
@@ -96,6 +106,39 @@ def family_config(family: str) -> dict:
             },
             tie_word_embeddings=False,
         )
+    elif family == "qwen3_moe":
+        cfg.update(
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            attention_bias=False,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        )
+    elif family == "qwen2_moe":
+        cfg.update(
+            architectures=["Qwen2MoeForCausalLM"],
+            model_type="qwen2_moe",
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=96,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     elif family == "mistral":
         cfg.update(
             architectures=["MistralForCausalLM"],
@@ -115,8 +158,65 @@ def make_weights(cfg: dict, seed: int) -> dict:
     """golden.make_weights (no biases outside Qwen2, Qwen3's head norms), rounded to bf16. A tied
     embedding at std 1 makes each token predict itself (logits ~100): golden.py's full-vocab
     model uses the same 0.25."""
-    w = golden.make_weights(cfg, seed, embed_std=0.25 if cfg["tie_word_embeddings"] else 1.0)
+    base = dict(cfg, model_type=cfg["model_type"].removesuffix("_moe"))
+    w = golden.make_weights(base, seed, embed_std=0.25 if cfg["tie_word_embeddings"] else 1.0)
+    if cfg["model_type"] in MOE_FAMILIES:
+        w = with_experts(w, cfg, seed)
     return {k: v.to(torch.bfloat16) for k, v in w.items()}
+
+
+def sparse_layers(cfg: dict) -> list[int]:
+    return [
+        i
+        for i in range(cfg["num_hidden_layers"])
+        if i not in cfg["mlp_only_layers"] and (i + 1) % cfg["decoder_sparse_step"] == 0
+    ]
+
+
+def with_experts(w: dict, cfg: dict, seed: int) -> dict:
+    """The sparse layers' dense MLP replaced by a router (std 4/sqrt(H): well-separated choices),
+    experts N(0, 1/fan_in) and Qwen2-MoE's shared expert and its gate, from a second generator."""
+    g = torch.Generator().manual_seed(seed + 100_000)
+    H, E, I = cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
+
+    def linear(out_f, in_f, scale=1.0):
+        return torch.randn(out_f, in_f, generator=g, dtype=torch.float32) * (scale / math.sqrt(in_f))
+
+    for i in sparse_layers(cfg):
+        p = f"model.layers.{i}.mlp."
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del w[p + name + ".weight"]
+        w[p + "gate.weight"] = linear(E, H, scale=4.0)
+        for e in range(E):
+            w[p + f"experts.{e}.gate_proj.weight"] = linear(I, H)
+            w[p + f"experts.{e}.up_proj.weight"] = linear(I, H)
+            w[p + f"experts.{e}.down_proj.weight"] = linear(H, I)
+        if "shared_expert_intermediate_size" in cfg:
+            S = cfg["shared_expert_intermediate_size"]
+            w[p + "shared_expert.gate_proj.weight"] = linear(S, H)
+            w[p + "shared_expert.up_proj.weight"] = linear(S, H)
+            w[p + "shared_expert.down_proj.weight"] = linear(H, S)
+            w[p + "shared_expert_gate.weight"] = linear(1, H)
+    return w
+
+
+def router_gap(model, prompts, k: int) -> float:
+    """The smallest gap between the k-th and (k+1)-th router probabilities over every token of
+    `prompts` at every sparse layer (prefill only: the greedy steps see tokens of the same kind)."""
+    gaps = []
+
+    def hook(_module, _inputs, output):
+        probs = torch.softmax(output[0].float(), dim=-1)
+        top = torch.topk(probs, k + 1, dim=-1).values
+        gaps.append(float((top[:, k - 1] - top[:, k]).min()))
+
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    with torch.no_grad():
+        for ids in prompts:
+            model(torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    return min(gaps)
 
 
 # ----------------------------------------------------------------------------------------
@@ -216,24 +316,29 @@ def gen_family(family: str, out: Path, log: dict) -> None:
             assert m.config.sliding_window == 64, m.config.sliding_window
         if family == "llama3":
             assert m.config.rope_parameters["rope_type"] == "llama3", m.config.rope_parameters
+        gap = 1.0
+        if family in MOE_FAMILIES:
+            assert m.config.num_experts == cfg["num_experts"], m.config
+            gap = router_gap(m, prompts, cfg["num_experts_per_tok"])
         res = golden.run_small(m, prompts)
         del m
         mm, hit = golden.check_results(res, EOS)
         distinct = min(len(set(r["greedy"].tolist())) for r in res)
-        print(f"{family} seed {seed}: min margin {mm:.4f}, eos hits {hit}, distinct greedy >= {distinct}")
-        if mm > golden.MIN_MARGIN and not hit and distinct >= 3:
+        print(f"{family} seed {seed}: min margin {mm:.4f}, eos hits {hit}, distinct greedy >= {distinct}, router gap {gap:.2e}", flush=True)
+        if mm > golden.MIN_MARGIN and not hit and distinct >= 3 and gap > MIN_ROUTER_GAP:
             break
         seed += 1
     golden.save_safetensors(golden.reference_tensors(res), d / "reference.safetensors")
-    write_gguf(weights, cfg, d / "model-bf16.gguf")
+    if family not in MOE_FAMILIES:
+        write_gguf(weights, cfg, d / "model-bf16.gguf")
     log[family] = {"weight_seed": seed, "min_margin": mm, "greedy": [r["greedy"].tolist() for r in res]}
 
 
-def generate(out: Path) -> dict:
+def generate(out: Path, only: list[str] | None = None) -> dict:
     golden.setup_torch()
     out.mkdir(parents=True, exist_ok=True)
     log: dict = {}
-    for family in FIRST_SEED:
+    for family in only or FIRST_SEED:
         gen_family(family, out, log)
     return log
 
@@ -242,6 +347,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default fixtures/families)")
     ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare sha256 with --out")
+    ap.add_argument("--only", nargs="+", choices=list(FIRST_SEED), help="(re)write these families only")
     args = ap.parse_args()
     if args.check:
         with tempfile.TemporaryDirectory(prefix="flint-families-check-") as t:
@@ -253,7 +359,7 @@ def main() -> int:
                 print(f"DIFFERS or missing: {n}")
             print(f"--check {'FAILED' if bad else 'OK'}: {len(got) - len(bad)}/{len(got)} files byte-identical")
             return 1 if bad else 0
-    log = generate(args.out)
+    log = generate(args.out, args.only)
     for family, entry in log.items():
         print(f"{family}: seed {entry['weight_seed']}, min margin {entry['min_margin']:.4f}")
     for p in sorted(args.out.rglob("*")):

@@ -75,9 +75,28 @@ impl Family {
     }
 }
 
+/// Mixture-of-experts architectures: the attention of a family, sparse feed-forward layers.
+const MOE_ARCHITECTURES: [(&str, &str, Family); 2] =
+    [("Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3), ("Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2)];
+
 /// Every architecture flint accepts, for the error that refuses another.
 pub fn supported_architectures() -> String {
-    Family::ALL.map(Family::architecture).join(", ")
+    let moe = MOE_ARCHITECTURES.map(|(a, _, _)| a);
+    Family::ALL.map(Family::architecture).into_iter().chain(moe).collect::<Vec<_>>().join(", ")
+}
+
+/// The family and whether it is a mixture of experts, from config.json's `architectures`.
+fn from_architecture(name: &str) -> Option<(Family, bool)> {
+    Family::from_architecture(name)
+        .map(|f| (f, false))
+        .or_else(|| MOE_ARCHITECTURES.iter().find(|m| m.0 == name).map(|m| (m.2, true)))
+}
+
+/// The same from `model_type`, for a config.json without `architectures`.
+fn from_model_type(name: &str) -> Option<(Family, bool)> {
+    Family::from_model_type(name)
+        .map(|f| (f, false))
+        .or_else(|| MOE_ARCHITECTURES.iter().find(|m| m.1 == name).map(|m| (m.2, true)))
 }
 
 /// Geometry and numerics of one model, whatever file it came from.
@@ -109,6 +128,32 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// `torch_dtype` / `dtype` as written, informational.
     pub torch_dtype: Option<String>,
+    /// Mixture-of-experts feed-forward layers (Qwen3-MoE, Qwen2-MoE); `None` for dense models.
+    pub moe: Option<MoeConfig>,
+}
+
+/// The sparse feed-forward of a mixture-of-experts checkpoint: each token goes to the top
+/// `num_experts_per_tok` of `num_experts` SwiGLU experts by the softmax of the router's logits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Each expert's intermediate size.
+    pub moe_intermediate_size: usize,
+    /// Renormalise the chosen experts' probabilities to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Qwen2-MoE's shared expert (always on, gated by a sigmoid of `shared_expert_gate`).
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Per layer: whether its MLP is the sparse one (`decoder_sparse_step`, `mlp_only_layers`);
+    /// the others are dense MLPs of `intermediate_size`.
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    /// Whether layer `l` routes its tokens to experts.
+    pub fn is_sparse(&self, l: usize) -> bool {
+        self.sparse_layers.get(l).copied().unwrap_or(false)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -186,6 +231,19 @@ struct RawConfig {
     torch_dtype: Option<String>,
     dtype: Option<String>,
     hidden_act: Option<String>,
+    /// Mixture of experts (transformers 5 writes `num_local_experts`).
+    #[serde(alias = "num_local_experts")]
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    #[serde(default)]
+    norm_topk_prob: bool,
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    /// Qwen2-MoE's switch for the q/k/v biases (true when absent, as transformers).
+    qkv_bias: Option<bool>,
 }
 
 /// A key that is present (possibly null), as distinct from one that is absent.
@@ -209,10 +267,10 @@ impl ModelConfig {
     pub fn from_json_str(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("invalid config.json: {}", shown_up_to(&e.to_string(), 400))))?;
-        let family = match raw.architectures.iter().find_map(|a| Family::from_architecture(a)) {
+        let (family, sparse) = match raw.architectures.iter().find_map(|a| from_architecture(a)) {
             Some(f) => f,
             None if raw.architectures.is_empty() => {
-                raw.model_type.as_deref().and_then(Family::from_model_type).ok_or_else(|| {
+                raw.model_type.as_deref().and_then(from_model_type).ok_or_else(|| {
                     ModelError::UnsupportedArchitecture(format!(
                         "model_type \"{}\"; flint supports {}",
                         shown(raw.model_type.as_deref().unwrap_or_default()),
@@ -286,7 +344,8 @@ impl ModelConfig {
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let cfg = Self {
             family,
-            qkv_bias: family == Family::Qwen2 || (attention_bias && family != Family::Mistral),
+            qkv_bias: (family == Family::Qwen2 && raw.qkv_bias != Some(false))
+                || (attention_bias && family != Family::Mistral),
             o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3),
             qk_norm: family == Family::Qwen3,
             vocab_size: raw.vocab_size,
@@ -303,6 +362,7 @@ impl ModelConfig {
             sliding_window_layers,
             bos_token_id: raw.bos_token_id.as_ref().and_then(|v| token_ids(v).first().copied()),
             eos_token_ids: raw.eos_token_id.as_ref().map(token_ids).unwrap_or_default(),
+            moe: if sparse { Some(moe_config(&raw, family)?) } else { None },
             torch_dtype: raw.torch_dtype.or(raw.dtype),
         };
         cfg.check_numbers()?;
@@ -424,6 +484,42 @@ fn sliding_layers(raw: &RawConfig, family: Family, n: usize) -> Result<Vec<Optio
     }
     let first = raw.max_window_layers.unwrap_or(28);
     Ok((0..n).map(|i| (i >= first).then_some(window)).collect())
+}
+
+/// The experts of a Qwen3-MoE / Qwen2-MoE config.json, bounded like the rest of the geometry.
+/// transformers' defaults: Qwen3-MoE 128 experts of 768, 8 per token, sparse step 1; Qwen2-MoE
+/// 60 of 1408, 4 per token, a shared expert of 5632.
+fn moe_config(raw: &RawConfig, family: Family) -> Result<MoeConfig> {
+    let qwen3 = family == Family::Qwen3;
+    let num_experts = raw.num_experts.unwrap_or(if qwen3 { 128 } else { 60 });
+    let per_tok = raw.num_experts_per_tok.unwrap_or(if qwen3 { 8 } else { 4 });
+    let size = raw.moe_intermediate_size.unwrap_or(if qwen3 { 768 } else { 1408 });
+    let shared = if qwen3 { None } else { Some(raw.shared_expert_intermediate_size.unwrap_or(5632)) };
+    let bounded = |name: &str, v: usize, max: usize| {
+        if v == 0 || v > max {
+            Err(ModelError::Config(format!("{name} {v} is out of range (1..={max})")))
+        } else {
+            Ok(())
+        }
+    };
+    bounded("num_experts", num_experts, 4096)?;
+    bounded("num_experts_per_tok", per_tok, num_experts)?;
+    bounded("moe_intermediate_size", size, 1 << 20)?;
+    if let Some(s) = shared {
+        bounded("shared_expert_intermediate_size", s, 1 << 20)?;
+    }
+    let step = raw.decoder_sparse_step.unwrap_or(1);
+    bounded("decoder_sparse_step", step, raw.num_hidden_layers.max(1))?;
+    let sparse_layers =
+        (0..raw.num_hidden_layers).map(|l| !raw.mlp_only_layers.contains(&l) && (l + 1) % step == 0).collect();
+    Ok(MoeConfig {
+        num_experts,
+        num_experts_per_tok: per_tok,
+        moe_intermediate_size: size,
+        norm_topk_prob: raw.norm_topk_prob,
+        shared_expert_intermediate_size: shared,
+        sparse_layers,
+    })
 }
 
 /// Token ids as written (a number or a list); ids that do not fit u32 are dropped rather
@@ -603,6 +699,70 @@ mod tests {
 
     fn parse(m: &serde_json::Map<String, Value>) -> Result<ModelConfig> {
         ModelConfig::from_json_str(&Value::Object(m.clone()).to_string())
+    }
+
+    /// Qwen3-30B-A3B's config (`num_experts`), transformers 5's spelling (`num_local_experts`),
+    /// Qwen2-MoE's defaults and shared expert, which layers are sparse, and what is refused.
+    #[test]
+    fn mixtures_of_experts_parse() {
+        let mut m = base();
+        m.insert("architectures".into(), serde_json::json!(["Qwen3MoeForCausalLM"]));
+        for (k, v) in [
+            ("model_type", serde_json::json!("qwen3_moe")),
+            ("num_hidden_layers", serde_json::json!(48)),
+            ("num_experts", serde_json::json!(128)),
+            ("num_experts_per_tok", serde_json::json!(8)),
+            ("moe_intermediate_size", serde_json::json!(768)),
+            ("norm_topk_prob", serde_json::json!(true)),
+            ("decoder_sparse_step", serde_json::json!(1)),
+            ("mlp_only_layers", serde_json::json!([])),
+        ] {
+            m.insert(k.into(), v);
+        }
+        let c = parse(&m).unwrap();
+        assert_eq!(c.family, Family::Qwen3);
+        assert!(c.qk_norm && !c.qkv_bias);
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (128, 8, 768));
+        assert!(moe.norm_topk_prob && moe.shared_expert_intermediate_size.is_none());
+        assert!(moe.sparse_layers.len() == 48 && moe.sparse_layers.iter().all(|&s| s));
+
+        let mut v5 = m.clone();
+        v5.remove("num_experts");
+        v5.insert("num_local_experts".into(), serde_json::json!(16));
+        v5.insert("decoder_sparse_step".into(), serde_json::json!(2));
+        v5.insert("mlp_only_layers".into(), serde_json::json!([3]));
+        let moe = parse(&v5).unwrap().moe.unwrap();
+        assert_eq!(moe.num_experts, 16);
+        assert_eq!(&moe.sparse_layers[..6], &[false, true, false, false, false, true]);
+
+        let mut q2 = base();
+        q2.insert("architectures".into(), serde_json::json!(["Qwen2MoeForCausalLM"]));
+        let c = parse(&q2).unwrap();
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((c.family, c.qkv_bias), (Family::Qwen2, true));
+        assert_eq!(
+            (moe.num_experts, moe.num_experts_per_tok, moe.shared_expert_intermediate_size),
+            (60, 4, Some(5632))
+        );
+        q2.insert("qkv_bias".into(), serde_json::json!(false));
+        assert!(!parse(&q2).unwrap().qkv_bias);
+        assert!(parse(&base()).unwrap().moe.is_none(), "dense stays dense");
+
+        for (k, v, says) in [
+            ("num_experts_per_tok", 129, "num_experts_per_tok 129"),
+            ("num_experts", 0, "num_experts 0"),
+            ("decoder_sparse_step", 0, "decoder_sparse_step 0"),
+        ] {
+            let mut bad = m.clone();
+            bad.insert(k.into(), serde_json::json!(v));
+            let e = parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        let mut other = m.clone();
+        other.insert("architectures".into(), serde_json::json!(["MixtralForCausalLM"]));
+        let e = parse(&other).unwrap_err().to_string();
+        assert!(e.contains("Qwen3MoeForCausalLM") && e.contains("MixtralForCausalLM"), "{e}");
     }
 
     #[test]

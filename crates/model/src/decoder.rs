@@ -2,8 +2,9 @@
 //! bottom as candle's `qwen2.rs` (fields named as the checkpoint names the weights): embed → N ×
 //! decoder layer (RMSNorm → attention with RoPE → residual → RMSNorm → SiLU-gated MLP →
 //! residual) → RMSNorm → lm_head. The families differ only in switches of [`ModelConfig`]: q/k/v
-//! (and o) biases, Qwen3's RMSNorm over each q and k head before RoPE, the RoPE scaling kind and
-//! the sliding window.
+//! (and o) biases, Qwen3's RMSNorm over each q and k head before RoPE, the RoPE scaling kind, the
+//! sliding window, and in a mixture of experts the sparse feed-forward of the layers it names
+//! (`moe`).
 //!
 //! One forward pass runs a [`ForwardBatch`]: the projections and the MLP see every new token of
 //! every sequence at once; attention runs per sequence against the keys and values the caller's
@@ -32,6 +33,9 @@ use crate::kv_cache::KvCache;
 use crate::linear::{self, Linear};
 use crate::rope::{apply_rope, Rope};
 use crate::weights::{Weight, WeightSource};
+
+mod moe;
+use moe::SparseMoe;
 
 /// Reads the checkpoint's tensors by name, checking each one's shape; dense ones arrive in the
 /// compute dtype.
@@ -82,8 +86,8 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn load(ld: &Loader, p: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    /// `h`: hidden size; `i`: intermediate size.
+    fn load(ld: &Loader, p: &str, h: usize, i: usize) -> Result<Self> {
         Ok(Self {
             gate_proj: ld.linear(&format!("{p}.gate_proj"), i, h, false)?,
             up_proj: ld.linear(&format!("{p}.up_proj"), i, h, false)?,
@@ -95,6 +99,39 @@ impl Mlp {
         let _scope = trace_span!("mlp").entered();
         let gated = trace_span!("gate_up_proj").in_scope(|| ops.silu_gate(&self.gate_proj, &self.up_proj, x))?;
         trace_span!("down_proj").in_scope(|| self.down_proj.forward(&gated))
+    }
+
+    fn projections(&self) -> [&Linear; 3] {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+}
+
+/// A layer's feed-forward: the dense MLP, or a mixture of experts' sparse one.
+enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+impl FeedForward {
+    fn load(ld: &Loader, p: &str, cfg: &ModelConfig, l: usize) -> Result<Self> {
+        Ok(match &cfg.moe {
+            Some(moe) if moe.is_sparse(l) => FeedForward::Sparse(SparseMoe::load(ld, p, cfg, moe)?),
+            _ => FeedForward::Dense(Mlp::load(ld, p, cfg.hidden_size, cfg.intermediate_size)?),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, ops: &Ops) -> Result<Tensor> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x, ops),
+            FeedForward::Sparse(moe) => moe.forward(x, ops),
+        }
+    }
+
+    fn projections(&self) -> Vec<&Linear> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.projections().to_vec(),
+            FeedForward::Sparse(moe) => moe.projections().collect(),
+        }
     }
 }
 
@@ -155,7 +192,7 @@ impl Attention {
 
 struct DecoderLayer {
     self_attn: Attention,
-    mlp: Mlp,
+    mlp: FeedForward,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
@@ -170,7 +207,7 @@ impl DecoderLayer {
             input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), h, eps)?,
             self_attn: Attention::load(ld, &format!("{p}.self_attn"), cfg, window)?,
             post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), h, eps)?,
-            mlp: Mlp::load(ld, &format!("{p}.mlp"), cfg)?,
+            mlp: FeedForward::load(ld, &format!("{p}.mlp"), cfg, l)?,
         })
     }
 
@@ -188,9 +225,11 @@ impl DecoderLayer {
         ops.add(&x, &self.mlp.forward(&h, ops)?)
     }
 
-    fn projections(&self) -> [&Linear; 7] {
-        let (a, m) = (&self.self_attn, &self.mlp);
-        [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
+    fn projections(&self) -> Vec<&Linear> {
+        let a = &self.self_attn;
+        let mut all = vec![&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj];
+        all.extend(self.mlp.projections());
+        all
     }
 }
 
@@ -309,7 +348,7 @@ impl DecoderModel {
     pub fn bf16_compute(&self) -> Option<Bf16Compute> {
         self.layers
             .iter()
-            .flat_map(|l| [&l.self_attn.q_proj, &l.mlp.down_proj])
+            .flat_map(|l| [&l.self_attn.q_proj, &l.self_attn.o_proj])
             .chain([&self.lm_head])
             .find_map(|p| p.bf16_compute())
     }

@@ -260,6 +260,7 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<ModelConfig> {
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: m.token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         torch_dtype: None,
+        moe: None,
     };
     cfg.check_numbers()?;
     Ok(cfg)

@@ -78,6 +78,7 @@ pub fn write_scripted(out: &Path, vocab_size: usize, trigger: u32, script: &[u32
         bos_token_id: Some(end),
         eos_token_ids: vec![end],
         torch_dtype: Some("float32".into()),
+        moe: None,
     };
     let zeros = |n: usize| vec![0f32; n];
     let ones = |n: usize| vec![1f32; n];

@@ -58,6 +58,7 @@ fn tiny_config(hidden: usize, head_dim: usize, tied: bool, scaling: RopeScaling)
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         torch_dtype: Some("float32".into()),
+        moe: None,
     }
 }
 

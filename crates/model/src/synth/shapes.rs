@@ -347,6 +347,7 @@ pub fn shape_config(name: &str) -> Result<ModelConfig> {
         bos_token_id: Some(s.bos),
         eos_token_ids: vec![s.eos],
         torch_dtype: Some("bfloat16".into()),
+        moe: None,
     })
 }
 
