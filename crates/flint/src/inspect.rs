@@ -48,7 +48,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
     };
     println!("model:           {spec}");
     println!("format:          {format}");
-    println!("architecture:    {} ({})", c.family.architecture(), c.family.model_type());
+    let (architecture, model_type) = c.architecture();
+    println!("architecture:    {architecture} ({model_type})");
     let mut switches = Vec::new();
     if c.qkv_bias {
         switches.push(if c.o_bias { "q/k/v/o bias" } else { "q/k/v bias" });
@@ -67,6 +68,18 @@ pub fn run(a: InspectArgs) -> Result<()> {
         c.head_dim
     );
     println!("mlp size:        {}", c.intermediate_size);
+    if let Some(m) = &c.moe {
+        let sparse = m.sparse_layers.iter().filter(|&&s| s).count();
+        let shared = m.shared_expert_intermediate_size.map(|s| format!(", a shared expert of {s}")).unwrap_or_default();
+        println!(
+            "experts:         {} of size {}, {} per token{}{shared}; {sparse} of {} layers sparse",
+            m.num_experts,
+            m.moe_intermediate_size,
+            m.num_experts_per_tok,
+            if m.norm_topk_prob { " (renormalised)" } else { "" },
+            c.num_hidden_layers
+        );
+    }
     println!("vocab size:      {}", c.vocab_size);
     println!("max positions:   {} (serves up to {} tokens)", c.max_position_embeddings, c.max_context_len());
     println!("tied embeddings: {}", if c.tie_word_embeddings { "yes" } else { "no" });

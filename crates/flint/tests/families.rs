@@ -161,3 +161,46 @@ async fn a_llama_gguf_with_its_own_tokenizer_serves() {
     let (st, r) = post(&s, "/v1/chat/completions", json!({"messages": msgs, "max_tokens": 3})).await;
     assert_eq!(st, 200, "{r}");
 }
+
+/// A mixture of experts through `flint serve` with the features dense models have: the Qwen3-MoE
+/// golden checkpoint beside a tokenizer.json (the Llama-style stand-in above, written out),
+/// served with the int8 cache and n-gram speculation. Greedy text is the same with and without
+/// speculation and on a prefix-cache hit, and a `choice` constraint holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixture_of_experts_serves_with_cache_speculation_and_constraints() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/families/qwen3_moe");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("moe");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), dir.join(f)).unwrap();
+    }
+    let tok = flint_engine::tokenizer::Tokenizer::from_gguf(&llama_style_tokenizer()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
+    let text = inspect(&dir);
+    assert!(text.contains("Qwen3MoeForCausalLM (qwen3_moe)"), "{text}");
+    assert!(text.contains("8 of size 64, 2 per token (renormalised); 1 of 2 layers sparse"), "{text}");
+
+    let model = dir.to_str().unwrap().to_string();
+    let prompt = "the the hi there 123 the the hi there 123 the the hi there 123 the the hi".repeat(8);
+    let body = json!({"prompt": prompt, "max_tokens": 24, "ignore_eos": true, "temperature": 0});
+    let plain = start(&["--model", &model, "--kv-cache-dtype", "int8"], None).await;
+    let (st, a) = post(&plain, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{a}");
+    assert_eq!(a["usage"]["completion_tokens"], 24, "{a}");
+    let (_, b) = post(&plain, "/v1/completions", body.clone()).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "greedy text changed on a prefix-cache hit");
+    assert!(b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{b}");
+    let choice = json!({"prompt": "hi", "max_tokens": 8, "structured_outputs": {"choice": ["the", "hi there"]}});
+    let (st, c) = post(&plain, "/v1/completions", choice).await;
+    assert_eq!(st, 200, "{c}");
+    let text = c["choices"][0]["text"].as_str().unwrap_or_default();
+    assert!(text == "the" || text == "hi there", "{c}");
+    drop(plain);
+
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#;
+    let fast = start(&["--model", &model, "--kv-cache-dtype", "int8", "--speculative-config", spec], Some(tmp)).await;
+    let (st, d) = post(&fast, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{d}");
+    assert_eq!(a["choices"][0]["text"], d["choices"][0]["text"], "speculation changed the greedy text");
+}

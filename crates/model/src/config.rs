@@ -149,6 +149,15 @@ pub struct MoeConfig {
     pub sparse_layers: Vec<bool>,
 }
 
+impl ModelConfig {
+    /// config.json's `architectures` entry and `model_type` for this config: the family's, or
+    /// its mixture of experts'.
+    pub fn architecture(&self) -> (&'static str, &'static str) {
+        let moe = MOE_ARCHITECTURES.iter().find(|m| m.2 == self.family).filter(|_| self.moe.is_some());
+        moe.map_or((self.family.architecture(), self.family.model_type()), |m| (m.0, m.1))
+    }
+}
+
 impl MoeConfig {
     /// Whether layer `l` routes its tokens to experts.
     pub fn is_sparse(&self, l: usize) -> bool {
