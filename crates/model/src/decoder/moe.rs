@@ -73,16 +73,34 @@ impl SparseMoe {
                 weights[expert].push(w);
             }
         }
+        // On the CPU in f32 the weighted outputs are added into one buffer in place; elsewhere
+        // through `index_add`, which copies the whole output once per expert. Both add
+        // `y · w` (rounded) to a row in expert order: the same bits.
+        let in_place = x.device().is_cpu() && x.dtype() == DType::F32;
+        let mut sum = if in_place { vec![0f32; n * h] } else { Vec::new() };
         let mut out = Tensor::zeros((n, h), x.dtype(), x.device())?;
         for (expert, (rows, weights)) in self.experts.iter().zip(rows.into_iter().zip(weights)) {
             if rows.is_empty() {
                 continue;
             }
             let m = rows.len();
-            let idx = Tensor::from_vec(rows, m, x.device())?;
+            let idx = Tensor::from_vec(rows.clone(), m, x.device())?;
             let y = expert.forward(&x.index_select(&idx, 0)?, ops)?;
-            let w = Tensor::from_vec(weights, (m, 1), x.device())?.to_dtype(y.dtype())?;
-            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+            if in_place {
+                let y = y.flatten_all()?.to_vec1::<f32>()?;
+                for ((&r, &w), y) in rows.iter().zip(&weights).zip(y.chunks_exact(h)) {
+                    let dst = &mut sum[r as usize * h..][..h];
+                    for (d, &v) in dst.iter_mut().zip(y) {
+                        *d += v * w;
+                    }
+                }
+            } else {
+                let w = Tensor::from_vec(weights, (m, 1), x.device())?.to_dtype(y.dtype())?;
+                out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+            }
+        }
+        if in_place {
+            out = Tensor::from_vec(sum, (n, h), x.device())?;
         }
         if let (Some(shared), Some(gate)) = (&self.shared_expert, &self.shared_expert_gate) {
             let g = gate.forward(x)?;
