@@ -71,6 +71,10 @@ COMMON = {
 }
 
 
+# What both mixtures share: 8 experts of 64, 2 per token, every layer a candidate for sparsity.
+EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1}
+
+
 def family_config(family: str) -> dict:
     cfg = dict(COMMON)
     if family == "qwen3":
@@ -116,12 +120,9 @@ def family_config(family: str) -> dict:
             rope_theta=1000000.0,
             tie_word_embeddings=False,
             use_sliding_window=False,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=64,
             norm_topk_prob=True,
-            decoder_sparse_step=1,
             mlp_only_layers=[1],
+            **EXPERTS,
         )
     elif family == "qwen2_moe":
         cfg.update(
@@ -131,13 +132,10 @@ def family_config(family: str) -> dict:
             rope_theta=1000000.0,
             tie_word_embeddings=False,
             use_sliding_window=False,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=64,
             shared_expert_intermediate_size=96,
             norm_topk_prob=False,
-            decoder_sparse_step=1,
             mlp_only_layers=[],
+            **EXPERTS,
         )
     elif family == "mistral":
         cfg.update(

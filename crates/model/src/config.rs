@@ -504,13 +504,6 @@ fn moe_config(raw: &RawConfig, family: Family) -> Result<MoeConfig> {
     let per_tok = raw.num_experts_per_tok.unwrap_or(if qwen3 { 8 } else { 4 });
     let size = raw.moe_intermediate_size.unwrap_or(if qwen3 { 768 } else { 1408 });
     let shared = if qwen3 { None } else { Some(raw.shared_expert_intermediate_size.unwrap_or(5632)) };
-    let bounded = |name: &str, v: usize, max: usize| {
-        if v == 0 || v > max {
-            Err(ModelError::Config(format!("{name} {v} is out of range (1..={max})")))
-        } else {
-            Ok(())
-        }
-    };
     bounded("num_experts", num_experts, 4096)?;
     bounded("num_experts_per_tok", per_tok, num_experts)?;
     bounded("moe_intermediate_size", size, 1 << 20)?;
@@ -529,6 +522,15 @@ fn moe_config(raw: &RawConfig, family: Family) -> Result<MoeConfig> {
         shared_expert_intermediate_size: shared,
         sparse_layers,
     })
+}
+
+/// `v` in `1..=max`, or an error naming the key.
+fn bounded(name: &str, v: usize, max: usize) -> Result<()> {
+    if v == 0 || v > max {
+        Err(ModelError::Config(format!("{name} {v} is out of range (1..={max})")))
+    } else {
+        Ok(())
+    }
 }
 
 /// Token ids as written (a number or a list); ids that do not fit u32 are dropped rather
@@ -552,13 +554,6 @@ pub(crate) fn check_geometry(
     intermediate: usize,
     vocab: usize,
 ) -> Result<()> {
-    let bounded = |name: &str, v: usize, max: usize| {
-        if v == 0 || v > max {
-            Err(ModelError::Config(format!("{name} {v} is out of range (1..={max})")))
-        } else {
-            Ok(())
-        }
-    };
     bounded("num_hidden_layers", layers, 1024)?;
     bounded("hidden_size", hidden, 1 << 17)?;
     bounded("num_attention_heads", heads, 1024)?;

@@ -302,11 +302,9 @@ pub(super) fn draw(s: &Support, sel: &mut Selection, row: &[f32], rng: &mut StdR
             let skip_bucket = skipped.map(|t| bucket(row[t as usize]));
             let mut found = None;
             for b in 0..=cut {
-                let m = if b == cut {
-                    sel.cand[..len].iter().map(|c| sel.drawn[c.0 as usize]).sum()
-                } else {
-                    sel.drawn_mass[b]
-                } - if skip_bucket == Some(b) { skip_w } else { 0 };
+                // What is left of the number below the cut bucket falls inside its kept part.
+                let m = if b == cut { u64::MAX } else { sel.drawn_mass[b] }
+                    - if skip_bucket == Some(b) { skip_w } else { 0 };
                 if r >= m {
                     r -= m;
                     continue;

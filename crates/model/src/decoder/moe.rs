@@ -84,7 +84,7 @@ impl SparseMoe {
                 continue;
             }
             let m = rows.len();
-            let idx = Tensor::from_vec(rows.clone(), m, x.device())?;
+            let idx = Tensor::from_slice(&rows, m, x.device())?;
             let y = expert.forward(&x.index_select(&idx, 0)?, ops)?;
             if in_place {
                 let y = y.flatten_all()?.to_vec1::<f32>()?;
