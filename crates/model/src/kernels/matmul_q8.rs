@@ -30,8 +30,11 @@ use super::huge_buf::HugeBuf;
 use super::{as_uninit, by_panel_stripes_many, pool, Isa};
 
 mod amx;
+mod grouped;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub use grouped::{grouped_gated_uninit, grouped_uninit, ExpertJob};
 
 pub const QK: usize = 32;
 const COLS: usize = 16;
@@ -324,6 +327,7 @@ impl PackedQ8 {
 
 /// One row of activations quantized per 32-block: the int8 values, the block scales, and per
 /// block `Σq` and the sum of its first 16 values (Q6_K's scales cover 16 inputs).
+#[derive(Clone)]
 struct QuantRow {
     q: Vec<i8>,
     d: Vec<f32>,
@@ -679,7 +683,7 @@ pub(super) mod tests {
     /// Random GGUF blocks: every bit pattern is a valid block once its f16 scales are sane, so
     /// this reaches every scale bit (Q4_K's packed high bits, Q6_K's negative scales, Q8_0's
     /// −128) that a quantizer might rarely emit.
-    fn random_blocks(format: Format, out: usize, inp: usize, seed: u32) -> Vec<u8> {
+    pub(super) fn random_blocks(format: Format, out: usize, inp: usize, seed: u32) -> Vec<u8> {
         let n = out * inp / format.ggml_values() * format.ggml_block_bytes();
         let mut raw: Vec<u8> = data(n, seed).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
         let d = |k: usize| half::f16::from_f32(0.001 + 0.0005 * (k % 7) as f32).to_le_bytes();

@@ -104,11 +104,25 @@ pub(crate) fn by_panel_stripes_many(
     ys: &mut [&mut [MaybeUninit<f32>]],
     fill: impl Fn(usize, usize, usize, &mut Stripe) + Sync,
 ) {
+    by_panel_stripes_grouped(&vec![m; cols.len()], cols, width, group, ys, fill)
+}
+
+/// [`by_panel_stripes_many`] where output `j` has its own row count `ms[j]` (`ys[j]` is
+/// `[ms[j]][cols[j]]`): the experts of a mixture, each over the rows routed to it.
+pub(crate) fn by_panel_stripes_grouped(
+    ms: &[usize],
+    cols: &[usize],
+    width: usize,
+    group: usize,
+    ys: &mut [&mut [MaybeUninit<f32>]],
+    fill: impl Fn(usize, usize, usize, &mut Stripe) + Sync,
+) {
     assert_eq!(cols.len(), ys.len(), "one output per matrix");
+    assert_eq!(ms.len(), ys.len(), "one row count per matrix");
     let mut tasks = Vec::new(); // (matrix, first panel, end panel)
     let (mut start, mut ranges) = (0, Vec::new());
     for (j, (&c, y)) in cols.iter().zip(ys.iter()).enumerate() {
-        assert!(y.len() >= m * c, "output too short");
+        assert!(y.len() >= ms[j] * c, "output too short");
         ranges.push((j, start, start + c.div_ceil(width)));
         start += c.div_ceil(width);
     }
