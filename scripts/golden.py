@@ -484,6 +484,14 @@ def gguf_name(hf: str) -> str:
         "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight",
         "mlp.down_proj.weight": "ffn_down.weight",
+        "mlp.gate.weight": "ffn_gate_inp.weight",
+        "mlp.experts.gate_proj.weight": "ffn_gate_exps.weight",
+        "mlp.experts.up_proj.weight": "ffn_up_exps.weight",
+        "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
+        "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
     }
     return f"blk.{i}.{table[rest]}"
 

@@ -15,9 +15,14 @@ One tiny random checkpoint per family, each with the switch that sets it apart f
 - mistral: no biases, a 64-token sliding window on every layer (shorter than the 160- and
            300-token prompts); classic config.
 - qwen3_moe: Qwen3's attention, layer 0 a mixture of 8 experts (2 per token, renormalised),
-           layer 1 dense (`mlp_only_layers`); safetensors only (no GGUF yet).
+           layer 1 dense (`mlp_only_layers`); GGUF arch `qwen3moe`.
 - qwen2_moe: Qwen2's biased attention, both layers 8 experts (2 per token, not renormalised)
-           plus the sigmoid-gated shared expert; safetensors only.
+           plus the sigmoid-gated shared expert; GGUF arch `qwen2moe`.
+
+The mixtures' GGUFs are laid out as llama.cpp's converter writes them: each projection's experts
+stacked into one 3-D tensor (`ffn_{gate,up,down}_exps`), the router in F32, the `expert_*` keys.
+llama.cpp's `qwen3moe` has no dense layer, so its converter could not write qwen3_moe's layer 1;
+the file holds it under the dense names, which flint reads (a layer without a router is dense).
 
 For the mixtures the seed walk also asks every routing decision to be clear: at each token and
 sparse layer the k-th and (k+1)-th router probabilities differ by more than MIN_ROUTER_GAP (1e-5,
@@ -244,10 +249,31 @@ def llama3_rope_factors(rp: dict, head_dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+GGUF_ARCH = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+
+
+def merge_experts(weights: dict, cfg: dict) -> dict:
+    """The converter's layout for a mixture: each projection's experts stacked into one
+    [experts, out, in] tensor under `mlp.experts.{proj}.weight`, in the layer's place."""
+    out: dict = {}
+    for name, t in weights.items():
+        parts = name.split(".")
+        if len(parts) == 8 and parts[3:5] == ["mlp", "experts"]:
+            merged = ".".join(parts[:5] + parts[6:])
+            if merged not in out:
+                p = ".".join(parts[:5])
+                out[merged] = torch.stack([weights[f"{p}.{e}.{parts[6]}.weight"] for e in range(cfg["num_experts"])])
+        else:
+            out[name] = t
+    return out
+
+
 def write_gguf(weights: dict, cfg: dict, path: Path) -> None:
     import gguf
 
-    arch = "qwen3" if cfg["model_type"] == "qwen3" else "llama"
+    arch = GGUF_ARCH.get(cfg["model_type"], "llama")
+    if cfg["model_type"] in MOE_FAMILIES:
+        weights = merge_experts(weights, cfg)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"flint golden {cfg['model_type']}")
@@ -257,12 +283,19 @@ def write_gguf(weights: dict, cfg: dict, path: Path) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_rope_dimension_count(cfg["head_dim"])
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     rp = cfg.get("rope_parameters") or {"rope_theta": cfg["rope_theta"]}
     w.add_rope_freq_base(rp["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if cfg["model_type"] in MOE_FAMILIES:
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if cfg.get("sliding_window") and cfg["model_type"] == "mistral":
         w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16))
@@ -281,7 +314,10 @@ def write_gguf(weights: dict, cfg: dict, path: Path) -> None:
             data = llama_permute(data, cfg["num_attention_heads"])
         if arch == "llama" and hf.endswith("self_attn.k_proj.weight"):
             data = llama_permute(data, cfg["num_key_value_heads"])
-        if data.ndim == 2:
+        if hf.endswith("mlp.gate.weight"):
+            # The router stays F32, as the converter keeps every ffn_gate_inp.
+            w.add_tensor(golden.gguf_name(hf), np.ascontiguousarray(data))
+        elif data.ndim >= 2:
             q = gguf.quants.quantize(np.ascontiguousarray(data), gguf.GGMLQuantizationType.BF16)
             w.add_tensor(golden.gguf_name(hf), q, raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
@@ -327,8 +363,7 @@ def gen_family(family: str, out: Path, log: dict) -> None:
             break
         seed += 1
     golden.save_safetensors(golden.reference_tensors(res), d / "reference.safetensors")
-    if family not in MOE_FAMILIES:
-        write_gguf(weights, cfg, d / "model-bf16.gguf")
+    write_gguf(weights, cfg, d / "model-bf16.gguf")
     log[family] = {"weight_seed": seed, "min_margin": mm, "greedy": [r["greedy"].tolist() for r in res]}
 
 

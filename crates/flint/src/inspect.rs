@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Result};
 use flint_model::source::Checkpoint;
 use flint_model::weights::WeightSource;
-use flint_model::{KvCacheDtype, RopeScaling};
+use flint_model::{KvCacheDtype, ModelConfig, RopeScaling};
 
 use crate::engine_args::{parse_bytes, KvDtypeArg};
 
@@ -112,6 +112,20 @@ pub fn run(a: InspectArgs) -> Result<()> {
         e.1 += t.bytes;
     }
     println!("parameters:      {}", group(params));
+    // What decoding one token of one sequence reads: every weight except the idle experts and
+    // all but one embedding row (the whole matrix when it doubles as the head).
+    let (mut active, mut read) = (0f64, 0f64);
+    for t in &tensors {
+        let share = per_token_share(&t.name, c);
+        active += share * t.shape.iter().product::<usize>() as f64;
+        read += share * t.bytes as f64;
+    }
+    println!(
+        "per token:       {} parameters read ({:.1}%), {} bytes of weights",
+        group(active.round() as usize),
+        100.0 * active / params.max(1) as f64,
+        group(read.round() as usize)
+    );
     for (dtype, (n, bytes)) in &by_dtype {
         println!("  {dtype:<6} {} parameters, {} bytes", group(*n), group(*bytes));
     }
@@ -149,6 +163,20 @@ pub fn run(a: InspectArgs) -> Result<()> {
     Ok(())
 }
 
+/// The share of tensor `name` (a checkpoint's or a GGUF's name) one decoded token reads: a
+/// mixture's experts `k / n` (routing spreads tokens over them; one token reads its `k`), an
+/// untied embedding one row, everything else all of it.
+fn per_token_share(name: &str, c: &ModelConfig) -> f64 {
+    let expert = name.contains(".experts.") || name.contains("_exps.");
+    match &c.moe {
+        Some(m) if expert => m.num_experts_per_tok as f64 / m.num_experts as f64,
+        _ if !c.tie_word_embeddings && matches!(name, "model.embed_tokens.weight" | "token_embd.weight") => {
+            1.0 / c.vocab_size.max(1) as f64
+        }
+        _ => 1.0,
+    }
+}
+
 /// 28672 → "28,672".
 fn group(n: usize) -> String {
     let s = n.to_string();
@@ -164,6 +192,20 @@ fn group(n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_token_reads_its_experts_and_one_embedding_row() {
+        let moe = flint_model::synth::shape_config("qwen3-30b-a3b").unwrap();
+        let share = |n: &str| super::per_token_share(n, &moe);
+        assert_eq!(share("blk.3.ffn_up_exps.weight"), 8.0 / 128.0);
+        assert_eq!(share("model.layers.3.mlp.experts.17.down_proj.weight"), 8.0 / 128.0);
+        assert_eq!(share("blk.3.ffn_gate_inp.weight"), 1.0, "the router reads every expert's row");
+        assert_eq!(share("token_embd.weight"), 1.0 / 151936.0);
+        assert_eq!(share("output.weight"), 1.0);
+        let tied = flint_model::synth::shape_config("qwen2.5-0.5b").unwrap();
+        assert_eq!(super::per_token_share("model.embed_tokens.weight", &tied), 1.0, "a tied head reads it all");
+        assert_eq!(super::per_token_share("model.layers.0.mlp.experts.0.up_proj.weight", &tied), 1.0);
+    }
+
     #[test]
     fn grouping() {
         assert_eq!(super::group(28672), "28,672");

@@ -76,12 +76,20 @@ impl Family {
 }
 
 /// Mixture-of-experts architectures: the attention of a family, sparse feed-forward layers.
-const MOE_ARCHITECTURES: [(&str, &str, Family); 2] =
-    [("Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3), ("Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2)];
+/// (config.json's `architectures`, its `model_type`, the family, GGUF's `general.architecture`)
+const MOE_ARCHITECTURES: [(&str, &str, Family, &str); 2] = [
+    ("Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3, "qwen3moe"),
+    ("Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2, "qwen2moe"),
+];
+
+/// The family of a mixture-of-experts GGUF `general.architecture` (`qwen3moe`, `qwen2moe`).
+pub fn moe_family_of_gguf_architecture(arch: &str) -> Option<Family> {
+    MOE_ARCHITECTURES.iter().find(|m| m.3 == arch).map(|m| m.2)
+}
 
 /// Every architecture flint accepts, for the error that refuses another.
 pub fn supported_architectures() -> String {
-    let moe = MOE_ARCHITECTURES.map(|(a, _, _)| a);
+    let moe = MOE_ARCHITECTURES.map(|m| m.0);
     Family::ALL.map(Family::architecture).into_iter().chain(moe).collect::<Vec<_>>().join(", ")
 }
 
@@ -153,8 +161,16 @@ impl ModelConfig {
     /// config.json's `architectures` entry and `model_type` for this config: the family's, or
     /// its mixture of experts'.
     pub fn architecture(&self) -> (&'static str, &'static str) {
-        let moe = MOE_ARCHITECTURES.iter().find(|m| m.2 == self.family).filter(|_| self.moe.is_some());
-        moe.map_or((self.family.architecture(), self.family.model_type()), |m| (m.0, m.1))
+        self.moe_architecture().map_or((self.family.architecture(), self.family.model_type()), |m| (m.0, m.1))
+    }
+
+    /// GGUF's `general.architecture` for this config: the family's, or its mixture of experts'.
+    pub fn gguf_architecture(&self) -> &'static str {
+        self.moe_architecture().map_or(self.family.gguf_architecture(), |m| m.3)
+    }
+
+    fn moe_architecture(&self) -> Option<&'static (&'static str, &'static str, Family, &'static str)> {
+        MOE_ARCHITECTURES.iter().find(|m| m.2 == self.family).filter(|_| self.moe.is_some())
     }
 }
 
@@ -500,28 +516,36 @@ fn sliding_layers(raw: &RawConfig, family: Family, n: usize) -> Result<Vec<Optio
 /// 60 of 1408, 4 per token, a shared expert of 5632.
 fn moe_config(raw: &RawConfig, family: Family) -> Result<MoeConfig> {
     let qwen3 = family == Family::Qwen3;
-    let num_experts = raw.num_experts.unwrap_or(if qwen3 { 128 } else { 60 });
-    let per_tok = raw.num_experts_per_tok.unwrap_or(if qwen3 { 8 } else { 4 });
-    let size = raw.moe_intermediate_size.unwrap_or(if qwen3 { 768 } else { 1408 });
-    let shared = if qwen3 { None } else { Some(raw.shared_expert_intermediate_size.unwrap_or(5632)) };
-    bounded("num_experts", num_experts, 4096)?;
-    bounded("num_experts_per_tok", per_tok, num_experts)?;
-    bounded("moe_intermediate_size", size, 1 << 20)?;
-    if let Some(s) = shared {
-        bounded("shared_expert_intermediate_size", s, 1 << 20)?;
-    }
     let step = raw.decoder_sparse_step.unwrap_or(1);
     bounded("decoder_sparse_step", step, raw.num_hidden_layers.max(1))?;
-    let sparse_layers =
-        (0..raw.num_hidden_layers).map(|l| !raw.mlp_only_layers.contains(&l) && (l + 1) % step == 0).collect();
-    Ok(MoeConfig {
-        num_experts,
-        num_experts_per_tok: per_tok,
-        moe_intermediate_size: size,
+    MoeConfig {
+        num_experts: raw.num_experts.unwrap_or(if qwen3 { 128 } else { 60 }),
+        num_experts_per_tok: raw.num_experts_per_tok.unwrap_or(if qwen3 { 8 } else { 4 }),
+        moe_intermediate_size: raw.moe_intermediate_size.unwrap_or(if qwen3 { 768 } else { 1408 }),
         norm_topk_prob: raw.norm_topk_prob,
-        shared_expert_intermediate_size: shared,
-        sparse_layers,
-    })
+        shared_expert_intermediate_size: if qwen3 {
+            None
+        } else {
+            Some(raw.shared_expert_intermediate_size.unwrap_or(5632))
+        },
+        sparse_layers: (0..raw.num_hidden_layers)
+            .map(|l| !raw.mlp_only_layers.contains(&l) && (l + 1) % step == 0)
+            .collect(),
+    }
+    .checked()
+}
+
+impl MoeConfig {
+    /// `self` when its numbers are in range (from config.json or a GGUF alike).
+    pub(crate) fn checked(self) -> Result<Self> {
+        bounded("num_experts", self.num_experts, 4096)?;
+        bounded("num_experts_per_tok", self.num_experts_per_tok, self.num_experts)?;
+        bounded("moe_intermediate_size", self.moe_intermediate_size, 1 << 20)?;
+        if let Some(s) = self.shared_expert_intermediate_size {
+            bounded("shared_expert_intermediate_size", s, 1 << 20)?;
+        }
+        Ok(self)
+    }
 }
 
 /// `v` in `1..=max`, or an error naming the key.

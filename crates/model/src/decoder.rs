@@ -35,6 +35,8 @@ use crate::rope::{apply_rope, Rope};
 use crate::weights::{Weight, WeightSource};
 
 mod moe;
+#[cfg(test)]
+pub(crate) use moe::tests as moe_tests;
 use moe::SparseMoe;
 
 /// Reads the checkpoint's tensors by name, checking each one's shape; dense ones arrive in the
@@ -351,6 +353,12 @@ impl DecoderModel {
             .flat_map(|l| [&l.self_attn.q_proj, &l.self_attn.o_proj])
             .chain([&self.lm_head])
             .find_map(|p| p.bf16_compute())
+    }
+
+    /// How many layers hold their experts merged for the grouped int8 kernels.
+    #[cfg(test)]
+    pub(crate) fn merged_expert_layers(&self) -> usize {
+        self.layers.iter().filter(|l| matches!(&l.mlp, FeedForward::Sparse(m) if m.is_merged())).count()
     }
 
     /// True when a sequence's logits cannot depend on the rest of its batch: every projection

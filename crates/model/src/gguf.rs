@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::{self, Value};
 
-use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf_scan::shown;
 
@@ -29,7 +29,24 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("mlp.gate_proj.weight", "ffn_gate.weight"),
     ("mlp.up_proj.weight", "ffn_up.weight"),
     ("mlp.down_proj.weight", "ffn_down.weight"),
+    // Mixtures of experts: the router, the experts merged into one 3-D tensor per projection
+    // (llama.cpp's converter stacks `experts.{e}.*` under these names), Qwen2-MoE's shared expert.
+    ("mlp.gate.weight", "ffn_gate_inp.weight"),
+    ("mlp.experts.gate_proj.weight", "ffn_gate_exps.weight"),
+    ("mlp.experts.up_proj.weight", "ffn_up_exps.weight"),
+    ("mlp.experts.down_proj.weight", "ffn_down_exps.weight"),
+    ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 ];
+
+/// Whether llama.cpp renormalises the chosen experts' weights for a family's mixture of experts
+/// when the file does not say (`<arch>.expert_weights_norm`): its `qwen3moe` graph does, its
+/// `qwen2moe` graph does not, as the two families' checkpoints are configured.
+pub fn llama_cpp_expert_norm(family: Family) -> bool {
+    family == Family::Qwen3
+}
 
 const GLOBAL_NAMES: &[(&str, &str)] = &[
     ("model.embed_tokens.weight", "token_embd.weight"),
@@ -190,13 +207,18 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<ModelConfig> {
         "qwen2" => Family::Qwen2,
         "qwen3" => Family::Qwen3,
         "llama" => Family::Llama,
-        other => {
-            return Err(ModelError::UnsupportedArchitecture(format!(
-                "general.architecture \"{}\"; flint supports \"qwen2\", \"qwen3\" and \"llama\" (Llama, Mistral)",
-                shown(other)
-            )))
-        }
+        other => match crate::config::moe_family_of_gguf_architecture(other) {
+            Some(family) => family,
+            None => {
+                return Err(ModelError::UnsupportedArchitecture(format!(
+                    "general.architecture \"{}\"; flint supports \"qwen2\", \"qwen3\", \"llama\" (Llama, Mistral), \
+                     \"qwen3moe\" and \"qwen2moe\"",
+                    shown(other)
+                )))
+            }
+        },
     };
+    let is_moe = crate::config::moe_family_of_gguf_architecture(&arch).is_some();
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = m.need_u64(&k("embedding_length"))? as usize;
     let heads = m.need_u64(&k("attention.head_count"))? as usize;
@@ -206,7 +228,13 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<ModelConfig> {
     }
     let head_dim = m.u64(&k("attention.key_length")).map_or(hidden / heads, |x| x as usize);
     let layers = m.need_u64(&k("block_count"))? as usize;
-    let intermediate = m.need_u64(&k("feed_forward_length"))? as usize;
+    let moe = if is_moe { Some(moe_from_gguf(content, &m, &k, family, layers)?) } else { None };
+    // A mixture of experts whose every layer is sparse has no use for a dense size.
+    let intermediate = match (&moe, m.u64(&k("feed_forward_length"))) {
+        (_, Some(x)) => x as usize,
+        (Some(moe), None) => moe.moe_intermediate_size,
+        (None, None) => m.need_u64(&k("feed_forward_length"))? as usize,
+    };
     let embd = content
         .tensor_infos
         .get("token_embd.weight")
@@ -260,10 +288,67 @@ pub fn config_from_gguf(content: &gguf_file::Content) -> Result<ModelConfig> {
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: m.token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         torch_dtype: None,
-        moe: None,
+        moe,
     };
     cfg.check_numbers()?;
     Ok(cfg)
+}
+
+/// The experts of a `qwen3moe`/`qwen2moe` file: counts and sizes from the `<arch>.expert_*` keys
+/// (sizes fall back to the merged tensors' shapes, as some early converters wrote no size);
+/// a layer is sparse when it holds a router (`ffn_gate_inp`), so dense layers
+/// (`mlp_only_layers`) load too.
+fn moe_from_gguf(
+    content: &gguf_file::Content,
+    m: &Meta,
+    k: &dyn Fn(&str) -> String,
+    family: Family,
+    layers: usize,
+) -> Result<MoeConfig> {
+    let dims = |name: &str| -> Option<Vec<usize>> {
+        (0..layers).find_map(|l| content.tensor_infos.get(&format!("blk.{l}.{name}")).map(|t| t.shape.dims().to_vec()))
+    };
+    let num_experts = m.need_u64(&k("expert_count"))? as usize;
+    let per_tok = m.need_u64(&k("expert_used_count"))? as usize;
+    let size = match m.u64(&k("expert_feed_forward_length")) {
+        Some(x) => x as usize,
+        None => dims("ffn_gate_exps.weight").and_then(|d| d.get(1).copied()).ok_or_else(|| {
+            ModelError::Config(format!(
+                "GGUF has neither {} nor an ffn_gate_exps tensor",
+                k("expert_feed_forward_length")
+            ))
+        })?,
+    };
+    let shared = match family {
+        Family::Qwen2 => Some(match m.u64(&k("expert_shared_feed_forward_length")) {
+            Some(x) => x as usize,
+            None => dims("ffn_gate_shexp.weight").and_then(|d| d.first().copied()).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "GGUF has neither {} nor an ffn_gate_shexp tensor",
+                    k("expert_shared_feed_forward_length")
+                ))
+            })?,
+        }),
+        _ => None,
+    };
+    let norm_topk_prob = match m.get(&k("expert_weights_norm")) {
+        Some(Value::Bool(b)) => *b,
+        _ => llama_cpp_expert_norm(family),
+    };
+    let sparse_layers: Vec<bool> =
+        (0..layers).map(|l| content.tensor_infos.contains_key(&format!("blk.{l}.ffn_gate_inp.weight"))).collect();
+    if !sparse_layers.contains(&true) {
+        return Err(ModelError::Config("a mixture-of-experts GGUF without any ffn_gate_inp (router) tensor".into()));
+    }
+    MoeConfig {
+        num_experts,
+        num_experts_per_tok: per_tok,
+        moe_intermediate_size: size,
+        norm_topk_prob,
+        shared_expert_intermediate_size: shared,
+        sparse_layers,
+    }
+    .checked()
 }
 
 #[cfg(test)]

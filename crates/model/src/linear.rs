@@ -251,6 +251,16 @@ fn add_bias(y: &mut [f32], out: usize, bias: Option<&Tensor>) -> Result<()> {
 /// Repack a CPU Q8_0, Q4_0, Q4_K or Q6_K `[out, in]` weight for flint's int8 kernel; `None`
 /// for other types.
 pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
+    if !q.device().is_cpu() {
+        return Ok(None);
+    }
+    let (out, inp) = q.shape().dims2()?;
+    pack_q8_rows(q, out, inp)
+}
+
+/// [`pack_q8`] of a CPU tensor read as `out` rows of `inp` (a mixture's merged experts,
+/// `[experts, out, in]`, as one `[experts · out, in]` matrix); `None` for other types.
+pub fn pack_q8_rows(q: &QTensor, out: usize, inp: usize) -> Result<Option<PackedQ8>> {
     let format = match q.dtype() {
         GgmlDType::Q8_0 => Format::Q8_0,
         GgmlDType::Q4_0 => Format::Q4_0,
@@ -258,10 +268,9 @@ pub fn pack_q8(q: &QTensor) -> Result<Option<PackedQ8>> {
         GgmlDType::Q6K => Format::Q6_K,
         _ => return Ok(None),
     };
-    if !q.device().is_cpu() {
+    if !q.device().is_cpu() || q.shape().elem_count() != out * inp {
         return Ok(None);
     }
-    let (out, inp) = q.shape().dims2()?;
     Ok(PackedQ8::from_ggml(format, &q.data()?, out, inp))
 }
 

@@ -67,6 +67,14 @@ impl WeightSource {
             WeightSource::Gguf(g) => g.load(name, dtype, device, keep_half)?,
         };
         let found = w.dims();
+        // A one-row matrix stored as a vector (Qwen2-MoE's `shared_expert_gate` in some GGUFs).
+        let w = match w {
+            Weight::Dense(t) if found != shape && without_leading_ones(&found) == without_leading_ones(shape) => {
+                Weight::Dense(t.reshape(shape)?)
+            }
+            w => w,
+        };
+        let found = w.dims();
         if found != shape {
             return Err(ModelError::ShapeMismatch {
                 file: self.file_of(name),
@@ -76,6 +84,41 @@ impl WeightSource {
             });
         }
         Ok(w)
+    }
+
+    /// The `n` experts' `proj` matrices (`gate_proj`, `up_proj`, `down_proj`), each of `shape`
+    /// (`[out, in]`), of the mixture of experts at `mlp` (`model.layers.N.mlp`). Safetensors hold
+    /// one tensor per expert (`{mlp}.experts.{e}.{proj}.weight`); a GGUF one `[n, out, in]`
+    /// tensor (`blk.N.ffn_{gate,up,down}_exps.weight`), split here as it loads, so each expert's
+    /// weights are held once, as their own matrix.
+    pub fn get_experts(
+        &self,
+        mlp: &str,
+        proj: &str,
+        n: usize,
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Vec<Weight>> {
+        match self {
+            WeightSource::Gguf(g) => {
+                let keep_half = dtype == DType::F32 && device.is_cpu();
+                g.load_experts(&format!("{mlp}.experts.{proj}.weight"), n, shape, dtype, device, keep_half)
+            }
+            WeightSource::Safetensors(_) => (0..n)
+                .map(|e| self.get_matrix(&format!("{mlp}.experts.{e}.{proj}.weight"), shape, dtype, device))
+                .collect(),
+        }
+    }
+
+    /// A GGUF's merged experts `{mlp}.experts.{proj}.weight` as stored (`[n, out, in]` for
+    /// `shape` `[out, in]`): one buffer whose rows are the experts' rows in order, for a kernel
+    /// that packs them whole. `None` for safetensors, which hold the experts apart.
+    pub fn get_merged_experts(&self, mlp: &str, proj: &str, n: usize, shape: &[usize]) -> Result<Option<QTensor>> {
+        match self {
+            WeightSource::Gguf(g) => Ok(Some(g.read_merged(&format!("{mlp}.experts.{proj}.weight"), n, shape)?)),
+            WeightSource::Safetensors(_) => Ok(None),
+        }
     }
 
     /// Load a weight that must be dense (norms, biases): dequantize if the file quantized it.
@@ -343,10 +386,6 @@ impl GgufWeights {
         if !self.content.tensor_infos.contains_key(&name) {
             return Err(ModelError::MissingTensor { file: self.path.clone(), name });
         }
-        // Read on the CPU whatever the device: a GPU takes only the block types it has a
-        // validated matmul for, and every other tensor (norms, biases, f16/f32 matrices) arrives
-        // there dense in the compute dtype, so no kernel table sees a type it rejects.
-        let host = Device::Cpu;
         let mut q = self.read(&name)?;
         if let Some(heads) = self.permuted_heads(&name) {
             q = unpermute_rows(&q, heads).map_err(|msg| ModelError::BadTensor {
@@ -355,6 +394,65 @@ impl GgufWeights {
                 msg,
             })?;
         }
+        self.convert(&name, q, dtype, device, keep_half)
+    }
+
+    /// The merged experts `hf_name` (`[n, out, in]`, see [`WeightSource::get_experts`]) as `n`
+    /// weights of `shape`. Each expert's rows are whole blocks and contiguous in the file, so an
+    /// expert is a byte range; the merged tensor is dropped once every expert is converted.
+    fn load_experts(
+        &self,
+        hf_name: &str,
+        n: usize,
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+        keep_half: bool,
+    ) -> Result<Vec<Weight>> {
+        let merged = self.read_merged(hf_name, n, shape)?;
+        let name = hf_to_gguf_name(hf_name);
+        let bad = |e: candle_core::Error| ModelError::BadTensor {
+            file: self.path.clone(),
+            name: name.clone(),
+            msg: first_line(&e.to_string()),
+        };
+        let data = merged.data().map_err(bad)?;
+        let per = data.len() / n.max(1);
+        (0..n)
+            .map(|e| {
+                let bytes = std::borrow::Cow::Borrowed(&data[e * per..(e + 1) * per]);
+                let storage = QStorage::from_data(bytes, &Device::Cpu, merged.dtype()).map_err(bad)?;
+                let expert = QTensor::new(storage, shape.to_vec()).map_err(bad)?;
+                self.convert(&name, expert, dtype, device, keep_half)
+            })
+            .collect()
+    }
+
+    /// The merged experts `hf_name`, checked to be `[n, shape…]`.
+    fn read_merged(&self, hf_name: &str, n: usize, shape: &[usize]) -> Result<QTensor> {
+        let name = hf_to_gguf_name(hf_name);
+        if !self.content.tensor_infos.contains_key(&name) {
+            return Err(ModelError::MissingTensor { file: self.path.clone(), name });
+        }
+        let merged = self.read(&name)?;
+        let expected: Vec<usize> = [n].iter().chain(shape).copied().collect();
+        if merged.shape().dims() != expected {
+            return Err(ModelError::ShapeMismatch {
+                file: self.path.clone(),
+                name,
+                expected,
+                found: merged.shape().dims().to_vec(),
+            });
+        }
+        Ok(merged)
+    }
+
+    /// A tensor as read from the file, as the weight flint computes with.
+    fn convert(&self, name: &str, q: QTensor, dtype: DType, device: &Device, keep_half: bool) -> Result<Weight> {
+        // Read on the CPU whatever the device: a GPU takes only the block types it has a
+        // validated matmul for, and every other tensor (norms, biases, f16/f32 matrices) arrives
+        // there dense in the compute dtype, so no kernel table sees a type it rejects.
+        let host = Device::Cpu;
         // candle's Q4_1/Q5_0/Q5_1 dot products assert (in debug builds) an even number of blocks
         // per row. No real checkpoint has an odd one; such a matrix is widened (exactly) instead.
         let odd_rows = matches!(q.dtype(), GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1)
@@ -423,6 +521,11 @@ fn unpermute_rows(q: &QTensor, heads: usize) -> std::result::Result<QTensor, Str
     let storage = QStorage::from_data(std::borrow::Cow::Owned(out), &Device::Cpu, q.dtype())
         .map_err(|e| first_line(&e.to_string()))?;
     QTensor::new(storage, q.shape().clone()).map_err(|e| first_line(&e.to_string()))
+}
+
+fn without_leading_ones(dims: &[usize]) -> &[usize] {
+    let ones = dims.iter().take_while(|&&d| d == 1).count();
+    &dims[ones..]
 }
 
 fn is_plain_file_name(name: &str) -> bool {

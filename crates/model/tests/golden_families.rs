@@ -126,27 +126,34 @@ fn a_checkpoint_saved_from_the_base_model_loads() {
     check("qwen3 base-model names", &model, &Reference::load(&dir.join("reference.safetensors")));
 }
 
-/// Mixtures of experts (safetensors; no GGUF yet): Qwen3-MoE with a dense layer among the
+/// Mixtures of experts: Qwen3-MoE with a dense layer among the
 /// sparse ones (`mlp_only_layers`) and renormalised routing, Qwen2-MoE with its sigmoid-gated
 /// shared expert. Every routing decision of the fixtures is clear by 1e-5 (the script checks),
 /// so a token reaches the same experts here as in transformers.
+///
+/// Each is read from safetensors (one tensor per expert) and from a GGUF in llama.cpp's
+/// `qwen3moe`/`qwen2moe` layout (each projection's experts merged into one 3-D tensor, the router
+/// in F32); both configs must agree.
 #[test]
 fn mixtures_of_experts_match_transformers() {
     for family in ["qwen3_moe", "qwen2_moe"] {
-        let dir = family_dir(family);
-        let reference = Reference::load(&dir.join("reference.safetensors"));
-        let (st, model) = load(&dir);
-        check(&format!("{family} safetensors"), &model, &reference);
-        let moe = st.config.moe.as_ref().expect("a mixture of experts");
-        assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (8, 2, 64));
+        let (st, gguf) = gate(family);
+        let (_, model) = load(&family_dir(family).join("model-bf16.gguf"));
         assert!(model.is_batch_invariant());
+        let mut from_gguf = gguf.clone();
+        from_gguf.torch_dtype = st.torch_dtype.clone();
+        from_gguf.rms_norm_eps = st.rms_norm_eps;
+        from_gguf.eos_token_ids = st.eos_token_ids.clone();
+        assert_eq!(from_gguf, st, "{family}: the GGUF's config is the checkpoint's");
+        let moe = st.moe.as_ref().expect("a mixture of experts");
+        assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (8, 2, 64));
         if family == "qwen3_moe" {
-            assert_eq!(st.config.family, Family::Qwen3);
+            assert_eq!(st.family, Family::Qwen3);
             assert!(moe.norm_topk_prob && moe.shared_expert_intermediate_size.is_none());
             assert_eq!(moe.sparse_layers, vec![true, false]);
         } else {
-            assert_eq!(st.config.family, Family::Qwen2);
-            assert!(st.config.qkv_bias && !moe.norm_topk_prob);
+            assert_eq!(st.family, Family::Qwen2);
+            assert!(st.qkv_bias && !moe.norm_topk_prob);
             assert_eq!(moe.shared_expert_intermediate_size, Some(96));
             assert_eq!(moe.sparse_layers, vec![true, true]);
         }

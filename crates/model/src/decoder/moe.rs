@@ -14,16 +14,22 @@
 use candle_core::{DType, Tensor};
 use tracing::trace_span;
 
+use std::sync::Arc;
+
 use super::{Loader, Mlp, Ops};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
-use crate::linear::Linear;
+use crate::kernels::as_uninit;
+use crate::kernels::matmul_q8::{self, ExpertJob, PackedQ8};
+use crate::kernels::rowwise::with_f32;
+use crate::linear::{pack_q8_rows, Linear};
 
 pub(super) struct SparseMoe {
     gate: Linear,
-    experts: Vec<Mlp>,
+    experts: Experts,
     shared_expert: Option<Mlp>,
     shared_expert_gate: Option<Linear>,
+    num_experts: usize,
     top_k: usize,
     norm_topk_prob: bool,
 }
@@ -32,9 +38,7 @@ impl SparseMoe {
     pub(super) fn load(ld: &Loader, p: &str, cfg: &ModelConfig, moe: &MoeConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let gate = ld.linear(&format!("{p}.gate"), moe.num_experts, h, false)?;
-        let experts = (0..moe.num_experts)
-            .map(|e| Mlp::load(ld, &format!("{p}.experts.{e}"), h, moe.moe_intermediate_size))
-            .collect::<Result<Vec<_>>>()?;
+        let experts = Experts::load(ld, p, moe.num_experts, h, moe.moe_intermediate_size)?;
         let shared_expert = moe
             .shared_expert_intermediate_size
             .map(|i| Mlp::load(ld, &format!("{p}.shared_expert"), h, i))
@@ -48,14 +52,20 @@ impl SparseMoe {
             experts,
             shared_expert,
             shared_expert_gate,
+            num_experts: moe.num_experts,
             top_k: moe.num_experts_per_tok,
             norm_topk_prob: moe.norm_topk_prob,
         })
     }
 
     pub(super) fn projections(&self) -> impl Iterator<Item = &Linear> {
-        let experts = self.experts.iter().chain(&self.shared_expert).flat_map(Mlp::projections);
-        [&self.gate].into_iter().chain(&self.shared_expert_gate).chain(experts)
+        let shared = self.shared_expert.iter().flat_map(Mlp::projections);
+        [&self.gate].into_iter().chain(&self.shared_expert_gate).chain(self.experts.projections()).chain(shared)
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_merged(&self) -> bool {
+        matches!(self.experts, Experts::Merged { .. })
     }
 
     pub(super) fn forward(&self, x: &Tensor, ops: &Ops) -> Result<Tensor> {
@@ -63,7 +73,7 @@ impl SparseMoe {
         let (n, h) = x.dims2()?;
         let logits = trace_span!("router").in_scope(|| self.gate.forward(x))?;
         let logits = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let e = self.experts.len();
+        let e = self.num_experts;
         // Each expert's rows, and the weight each of those rows gives it.
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); e];
         let mut weights: Vec<Vec<f32>> = vec![Vec::new(); e];
@@ -73,35 +83,13 @@ impl SparseMoe {
                 weights[expert].push(w);
             }
         }
-        // On the CPU in f32 the weighted outputs are added into one buffer in place; elsewhere
-        // through `index_add`, which copies the whole output once per expert. Both add
-        // `y · w` (rounded) to a row in expert order: the same bits.
-        let in_place = x.device().is_cpu() && x.dtype() == DType::F32;
-        let mut sum = if in_place { vec![0f32; n * h] } else { Vec::new() };
-        let mut out = Tensor::zeros((n, h), x.dtype(), x.device())?;
-        for (expert, (rows, weights)) in self.experts.iter().zip(rows.into_iter().zip(weights)) {
-            if rows.is_empty() {
-                continue;
+        let mut out = match &self.experts {
+            Experts::Merged { gate, up, down } => {
+                let y = trace_span!("experts").in_scope(|| merged_forward(x, &rows, &weights, [gate, up, down]))?;
+                Tensor::from_vec(y, (n, h), x.device())?.to_dtype(x.dtype())?
             }
-            let m = rows.len();
-            let idx = Tensor::from_slice(&rows, m, x.device())?;
-            let y = expert.forward(&x.index_select(&idx, 0)?, ops)?;
-            if in_place {
-                let y = y.flatten_all()?.to_vec1::<f32>()?;
-                for ((&r, &w), y) in rows.iter().zip(&weights).zip(y.chunks_exact(h)) {
-                    let dst = &mut sum[r as usize * h..][..h];
-                    for (d, &v) in dst.iter_mut().zip(y) {
-                        *d += v * w;
-                    }
-                }
-            } else {
-                let w = Tensor::from_vec(weights, (m, 1), x.device())?.to_dtype(y.dtype())?;
-                out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
-            }
-        }
-        if in_place {
-            out = Tensor::from_vec(sum, (n, h), x.device())?;
-        }
+            Experts::Separate(experts) => separate_forward(x, experts, rows, weights, ops)?,
+        };
         if let (Some(shared), Some(gate)) = (&self.shared_expert, &self.shared_expert_gate) {
             let g = gate.forward(x)?;
             // sigmoid(g) = 1 / (1 + e^-g)
@@ -109,6 +97,142 @@ impl SparseMoe {
             out = (out + shared.forward(x, ops)?.broadcast_mul(&g)?)?;
         }
         Ok(out)
+    }
+}
+
+/// A mixture's experts as flint holds them.
+enum Experts {
+    /// A GGUF's merged experts packed whole for the int8 kernel, one buffer per projection
+    /// (`[experts · out, in]`, in huge pages when large) run by the grouped kernels
+    /// ([`matmul_q8::grouped_gated_uninit`]): one parallel region per projection for all the
+    /// chosen experts.
+    Merged { gate: Arc<PackedQ8>, up: Arc<PackedQ8>, down: Arc<PackedQ8> },
+    /// One MLP per expert: safetensors, dense types, GPUs.
+    Separate(Vec<Mlp>),
+}
+
+impl Experts {
+    /// The `n` experts of the mixture at `p`, each a SwiGLU MLP of intermediate size `i`: merged
+    /// when the file holds them merged in a type the int8 kernel reads (on the CPU, whole
+    /// panels per expert), else one MLP per expert (see
+    /// [`crate::weights::WeightSource::get_experts`]).
+    fn load(ld: &Loader, p: &str, n: usize, h: usize, i: usize) -> Result<Self> {
+        if ld.device.is_cpu() && i.is_multiple_of(16) && h.is_multiple_of(16) && !tests::separate_only() {
+            let merged = |proj: &str, out: usize, inp: usize| -> Result<Option<PackedQ8>> {
+                match ld.weights.get_merged_experts(p, proj, n, &[out, inp])? {
+                    Some(q) => pack_q8_rows(&q, n * out, inp),
+                    None => Ok(None),
+                }
+            };
+            if let Some(gate) = merged("gate_proj", i, h)? {
+                if let (Some(up), Some(down)) = (merged("up_proj", i, h)?, merged("down_proj", h, i)?) {
+                    return Ok(Experts::Merged { gate: Arc::new(gate), up: Arc::new(up), down: Arc::new(down) });
+                }
+            }
+        }
+        let get = |proj: &str, shape: [usize; 2]| ld.weights.get_experts(p, proj, n, &shape, ld.dtype, ld.device);
+        let (gate, up, down) = (get("gate_proj", [i, h])?, get("up_proj", [i, h])?, get("down_proj", [h, i])?);
+        let mlps = gate
+            .into_iter()
+            .zip(up)
+            .zip(down)
+            .map(|((g, u), d)| {
+                Ok(Mlp {
+                    gate_proj: Linear::new(g, None)?,
+                    up_proj: Linear::new(u, None)?,
+                    down_proj: Linear::new(d, None)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Experts::Separate(mlps))
+    }
+
+    /// The separate experts' projections (the merged ones are int8 kernels: row-independent).
+    fn projections(&self) -> Vec<&Linear> {
+        match self {
+            Experts::Merged { .. } => Vec::new(),
+            Experts::Separate(experts) => experts.iter().flat_map(Mlp::projections).collect(),
+        }
+    }
+}
+
+/// The merged experts over their routed rows, `[n · h]`: every chosen expert's gate/up in one
+/// grouped call, its down projection in another, then each row's outputs weighted and added in
+/// expert order (the same operations, in the same order, as [`separate_forward`]).
+fn merged_forward(
+    x: &Tensor,
+    rows: &[Vec<u32>],
+    weights: &[Vec<f32>],
+    [gate, up, down]: [&PackedQ8; 3],
+) -> Result<Vec<f32>> {
+    let (n, h) = x.dims2()?;
+    let i = gate.out_features() / rows.len().max(1);
+    let chosen: Vec<usize> = (0..rows.len()).filter(|&e| !rows[e].is_empty()).collect();
+    let x = x.to_dtype(DType::F32)?;
+    let gated_jobs: Vec<ExpertJob> =
+        chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * i, cols: i }).collect();
+    let mut gated: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * i]).collect();
+    with_f32(&x, |xs| {
+        let mut ys: Vec<_> = gated.iter_mut().map(|g| as_uninit(g)).collect();
+        matmul_q8::grouped_gated_uninit(xs, n, gate, up, &gated_jobs, &mut ys);
+    })?;
+    let down_jobs: Vec<ExpertJob> =
+        chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * h, cols: h }).collect();
+    let mut ys: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * h]).collect();
+    {
+        let inputs: Vec<&[f32]> = gated.iter().map(Vec::as_slice).collect();
+        let mut outs: Vec<_> = ys.iter_mut().map(|y| as_uninit(y)).collect();
+        matmul_q8::grouped_uninit(&inputs, down, &down_jobs, &mut outs);
+    }
+    let mut sum = vec![0f32; n * h];
+    for (&e, y) in chosen.iter().zip(&ys) {
+        add_weighted(&mut sum, h, &rows[e], &weights[e], y);
+    }
+    Ok(sum)
+}
+
+/// Each expert on its own rows (gathered), its outputs weighted and added in expert order.
+fn separate_forward(
+    x: &Tensor,
+    experts: &[Mlp],
+    rows: Vec<Vec<u32>>,
+    weights: Vec<Vec<f32>>,
+    ops: &Ops,
+) -> Result<Tensor> {
+    let (n, h) = x.dims2()?;
+    // On the CPU in f32 the weighted outputs are added into one buffer in place; elsewhere
+    // through `index_add`, which copies the whole output once per expert. Both add
+    // `y · w` (rounded) to a row in expert order: the same bits.
+    let in_place = x.device().is_cpu() && x.dtype() == DType::F32;
+    let mut sum = if in_place { vec![0f32; n * h] } else { Vec::new() };
+    let mut out = Tensor::zeros((n, h), x.dtype(), x.device())?;
+    for (expert, (rows, weights)) in experts.iter().zip(rows.into_iter().zip(weights)) {
+        if rows.is_empty() {
+            continue;
+        }
+        let m = rows.len();
+        let idx = Tensor::from_slice(&rows, m, x.device())?;
+        let y = expert.forward(&x.index_select(&idx, 0)?, ops)?;
+        if in_place {
+            add_weighted(&mut sum, h, &rows, &weights, &y.flatten_all()?.to_vec1::<f32>()?);
+        } else {
+            let w = Tensor::from_vec(weights, (m, 1), x.device())?.to_dtype(y.dtype())?;
+            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+        }
+    }
+    if in_place {
+        out = Tensor::from_vec(sum, (n, h), x.device())?;
+    }
+    Ok(out)
+}
+
+/// `sum[r] += y_j · w_j` for each of an expert's rows `r = rows[j]` (`h` wide).
+fn add_weighted(sum: &mut [f32], h: usize, rows: &[u32], weights: &[f32], y: &[f32]) {
+    for ((&r, &w), y) in rows.iter().zip(weights).zip(y.chunks_exact(h)) {
+        let dst = &mut sum[r as usize * h..][..h];
+        for (d, &v) in dst.iter_mut().zip(y) {
+            *d += v * w;
+        }
     }
 }
 
@@ -132,9 +256,33 @@ pub(crate) fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f3
     chosen
 }
 
-#[cfg(test)]
+#[cfg(not(test))]
 mod tests {
+    pub(super) fn separate_only() -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
     use super::route;
+
+    thread_local! {
+        static SEPARATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Run `f` (a model load on this thread) with every mixture's experts held apart, as
+    /// safetensors load them: the reference the merged experts are compared with.
+    pub(crate) fn with_separate_experts<R>(f: impl FnOnce() -> R) -> R {
+        SEPARATE.with(|c| c.set(true));
+        let r = f();
+        SEPARATE.with(|c| c.set(false));
+        r
+    }
+
+    pub(super) fn separate_only() -> bool {
+        SEPARATE.with(|c| c.get())
+    }
 
     #[test]
     fn routing_takes_the_top_k_by_probability_with_ties_to_the_lower_index() {

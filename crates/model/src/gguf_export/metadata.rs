@@ -72,7 +72,7 @@ impl GgufExport<'_> {
         };
         let mut m: Vec<(String, GgufValue)> = Vec::new();
         let mut put = |k: &str, v: GgufValue| m.push((k.to_string(), v));
-        let arch = c.family.gguf_architecture();
+        let arch = c.gguf_architecture();
         let k = |key: &str| format!("{arch}.{key}");
         put("general.architecture", GgufValue::Str(arch.into()));
         put("general.name", GgufValue::Str(self.name.clone()));
@@ -81,6 +81,20 @@ impl GgufExport<'_> {
         put(&k("context_length"), GgufValue::U32(u32_of("max_position_embeddings", c.max_position_embeddings)?));
         put(&k("embedding_length"), GgufValue::U32(u32_of("hidden_size", c.hidden_size)?));
         put(&k("feed_forward_length"), GgufValue::U32(u32_of("intermediate_size", c.intermediate_size)?));
+        if let Some(moe) = &c.moe {
+            put(&k("expert_count"), GgufValue::U32(u32_of("num_experts", moe.num_experts)?));
+            put(&k("expert_used_count"), GgufValue::U32(u32_of("num_experts_per_tok", moe.num_experts_per_tok)?));
+            let size = u32_of("moe_intermediate_size", moe.moe_intermediate_size)?;
+            put(&k("expert_feed_forward_length"), GgufValue::U32(size));
+            if let Some(s) = moe.shared_expert_intermediate_size {
+                let s = u32_of("shared_expert_intermediate_size", s)?;
+                put(&k("expert_shared_feed_forward_length"), GgufValue::U32(s));
+            }
+            // llama.cpp fixes the renormalisation per architecture; say it only when it differs.
+            if moe.norm_topk_prob != crate::gguf::llama_cpp_expert_norm(c.family) {
+                put(&k("expert_weights_norm"), GgufValue::Bool(moe.norm_topk_prob));
+            }
+        }
         put(&k("attention.head_count"), GgufValue::U32(u32_of("num_attention_heads", c.num_attention_heads)?));
         put(&k("attention.head_count_kv"), GgufValue::U32(u32_of("num_key_value_heads", c.num_key_value_heads)?));
         // Readers derive head_dim as hidden / heads; say it only when that would be wrong, as

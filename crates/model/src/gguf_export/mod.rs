@@ -32,7 +32,10 @@ pub const ALIGNMENT: u64 = 32;
 /// The tensors of a checkpoint by Hugging Face name, with their shapes, in llama.cpp's order
 /// (embedding, Llama 3's `rope_freqs`, blocks in layer order, final norm, output). Biases and
 /// q/k norms are listed where the family has them; `lm_head` only when `with_lm_head`: tied
-/// checkpoints normally ship without one.
+/// checkpoints normally ship without one. A mixture of experts' sparse layers list the router,
+/// each projection's experts merged as GGUF holds them (`mlp.experts.gate_proj.weight`,
+/// `[experts, out, in]`: see [`merged_experts`]) and Qwen2-MoE's shared expert;
+/// [`checkpoint_tensors`] lists the experts one by one instead, as safetensors hold them.
 pub fn model_tensors(cfg: &ModelConfig, with_lm_head: bool) -> Vec<(String, Vec<usize>)> {
     let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let nq = cfg.num_attention_heads * d;
@@ -43,7 +46,7 @@ pub fn model_tensors(cfg: &ModelConfig, with_lm_head: bool) -> Vec<(String, Vec<
     }
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        let layer: [(&str, Vec<usize>, bool); 14] = [
+        let layer: [(&str, Vec<usize>, bool); 12] = [
             ("input_layernorm.weight", vec![h], true),
             ("self_attn.q_proj.weight", vec![nq, h], true),
             ("self_attn.q_proj.bias", vec![nq], cfg.qkv_bias),
@@ -56,17 +59,74 @@ pub fn model_tensors(cfg: &ModelConfig, with_lm_head: bool) -> Vec<(String, Vec<
             ("self_attn.q_norm.weight", vec![d], cfg.qk_norm),
             ("self_attn.k_norm.weight", vec![d], cfg.qk_norm),
             ("post_attention_layernorm.weight", vec![h], true),
-            ("mlp.gate_proj.weight", vec![i, h], true),
-            ("mlp.up_proj.weight", vec![i, h], true),
         ];
         out.extend(layer.into_iter().filter(|(_, _, has)| *has).map(|(s, shape, _)| (format!("{p}.{s}"), shape)));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        match &cfg.moe {
+            Some(moe) if moe.is_sparse(l) => {
+                let (n, ie) = (moe.num_experts, moe.moe_intermediate_size);
+                out.push((format!("{p}.mlp.gate.weight"), vec![n, h]));
+                out.push((format!("{p}.mlp.experts.gate_proj.weight"), vec![n, ie, h]));
+                out.push((format!("{p}.mlp.experts.up_proj.weight"), vec![n, ie, h]));
+                out.push((format!("{p}.mlp.experts.down_proj.weight"), vec![n, h, ie]));
+                if let Some(s) = moe.shared_expert_intermediate_size {
+                    out.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
+                    out.push((format!("{p}.mlp.shared_expert.gate_proj.weight"), vec![s, h]));
+                    out.push((format!("{p}.mlp.shared_expert.up_proj.weight"), vec![s, h]));
+                    out.push((format!("{p}.mlp.shared_expert.down_proj.weight"), vec![h, s]));
+                }
+            }
+            _ => {
+                out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+                out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+                out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+            }
+        }
     }
     out.push(("model.norm.weight".to_string(), vec![h]));
     if with_lm_head {
         out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
     }
     out
+}
+
+/// [`model_tensors`] with each merged experts tensor replaced by its experts' own tensors
+/// (`mlp.experts.{e}.gate_proj.weight`), as a Hugging Face checkpoint lists them.
+pub fn checkpoint_tensors(cfg: &ModelConfig, with_lm_head: bool) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    for (name, shape) in model_tensors(cfg, with_lm_head) {
+        match merged_experts(&name) {
+            Some((mlp, proj)) => {
+                out.extend((0..shape[0]).map(|e| (format!("{mlp}.experts.{e}.{proj}.weight"), shape[1..].to_vec())))
+            }
+            None => out.push((name, shape)),
+        }
+    }
+    out
+}
+
+/// For a merged experts tensor's name (`model.layers.N.mlp.experts.{proj}.weight`), its mixture
+/// (`model.layers.N.mlp`) and projection; expert `e` of it is `{mlp}.experts.{e}.{proj}.weight`.
+pub fn merged_experts(name: &str) -> Option<(&str, &str)> {
+    let (mlp, rest) = name.split_once(".experts.")?;
+    let proj = rest.strip_suffix(".weight")?;
+    matches!(proj, "gate_proj" | "up_proj" | "down_proj").then_some((mlp, proj))
+}
+
+/// The tensor `name` of `shape` by its experts when it is a merged experts tensor: each expert
+/// from `expert(name of expert e, its shape)`, stacked. `None` for every other tensor.
+pub fn stack_experts(
+    name: &str,
+    shape: &[usize],
+    mut expert: impl FnMut(&str, &[usize]) -> Result<candle_core::Tensor>,
+) -> Option<Result<candle_core::Tensor>> {
+    let (mlp, proj) = merged_experts(name)?;
+    let n = *shape.first()?;
+    Some((|| {
+        let parts = (0..n)
+            .map(|e| expert(&format!("{mlp}.experts.{e}.{proj}.weight"), &shape[1..]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(candle_core::Tensor::stack(&parts, 0)?)
+    })())
 }
 
 /// The name [`model_tensors`] gives llama.cpp's `rope_freqs.weight`, which no Hugging Face
@@ -98,9 +158,10 @@ pub fn export_checkpoint(
     let export = GgufExport { config: cfg, name: name.to_string(), tokenizer, ty };
     let shapes: std::collections::HashMap<&str, &[usize]> =
         tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+    let dense = |hf: &str, shape: &[usize]| src.get_dense(hf, shape, DType::F32, &Device::Cpu);
     export.write_file(out, &tensors, |hf| {
         let shape = shapes.get(hf).copied().unwrap_or(&[]);
-        src.get_dense(hf, shape, DType::F32, &Device::Cpu)
+        stack_experts(hf, shape, dense).unwrap_or_else(|| dense(hf, shape))
     })
 }
 

@@ -93,11 +93,12 @@ impl FromStr for GgufType {
 }
 
 /// The GGML type a tensor of `shape` is stored as when `ty` is requested (see the module docs).
+/// Merged experts (3-D) are matrices stacked: each row is quantized as a matrix's would be.
 pub fn storage_type(ty: GgufType, shape: &[usize]) -> GgmlDType {
-    if shape.len() != 2 {
+    if !(2..=3).contains(&shape.len()) {
         return GgmlDType::F32;
     }
-    let cols = shape[1];
+    let cols = shape[shape.len() - 1];
     let wanted = ty.ggml();
     if cols.is_multiple_of(wanted.block_size()) {
         wanted
@@ -105,6 +106,17 @@ pub fn storage_type(ty: GgufType, shape: &[usize]) -> GgmlDType {
         GgmlDType::Q8_0
     } else {
         GgmlDType::F16
+    }
+}
+
+/// [`storage_type`] for the tensor `hf_name`: a mixture's routers (`mlp.gate`,
+/// `mlp.shared_expert_gate`) stay F32 whatever was asked, as llama.cpp's converter and quantizer
+/// keep them: they are small, and rounding them would move tokens between experts.
+pub fn tensor_storage_type(ty: GgufType, hf_name: &str, shape: &[usize]) -> GgmlDType {
+    if hf_name.ends_with(".mlp.gate.weight") || hf_name.ends_with(".mlp.shared_expert_gate.weight") {
+        GgmlDType::F32
+    } else {
+        storage_type(ty, shape)
     }
 }
 
@@ -159,5 +171,11 @@ mod tests {
         assert_eq!(storage_type(GgufType::Q6_K, &[896, 4864]), GgmlDType::Q6K);
         assert_eq!(storage_type(GgufType::Q4_0, &[64, 48]), GgmlDType::F16);
         assert_eq!(storage_type(GgufType::BF16, &[64, 48]), GgmlDType::BF16);
+        // Merged experts quantize as matrices; routers stay F32.
+        assert_eq!(storage_type(GgufType::Q4_K, &[128, 768, 2048]), GgmlDType::Q4K);
+        assert_eq!(tensor_storage_type(GgufType::Q4_K, "model.layers.0.mlp.gate.weight", &[128, 2048]), GgmlDType::F32);
+        let shared_gate = "model.layers.3.mlp.shared_expert_gate.weight";
+        assert_eq!(tensor_storage_type(GgufType::Q8_0, shared_gate, &[1, 2048]), GgmlDType::F32);
+        assert_eq!(storage_type(GgufType::Q8_0, &[2, 3, 4, 64]), GgmlDType::F32);
     }
 }

@@ -13,7 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::hf_to_gguf_name;
 
 use super::metadata::write_str;
-use super::types::{ggml_type_id, storage_type, tensor_nbytes};
+use super::types::{ggml_type_id, tensor_nbytes, tensor_storage_type};
 use super::{GgufExport, ALIGNMENT};
 
 fn padded(n: u64) -> u64 {
@@ -97,7 +97,7 @@ impl GgufExport<'_> {
             if shape.is_empty() || shape.len() > 4 {
                 return Err(ModelError::Config(format!("tensor `{hf}`: GGUF needs 1 to 4 dims, got {shape:?}")));
             }
-            let ty = storage_type(self.ty, shape);
+            let ty = tensor_storage_type(self.ty, hf, shape);
             let nbytes = tensor_nbytes(ty, shape);
             plan.push((hf.as_str(), name, shape.as_slice(), ty, offset, nbytes));
             offset += padded(nbytes);
@@ -196,6 +196,10 @@ fn write_tensor<W: Write>(w: &mut W, t: &Tensor, ty: GgmlDType) -> Result<()> {
             write_floats(w, &t.flatten_all()?.to_vec1::<f32>()?, |x| bf16::from_f32(x).to_le_bytes()).map_err(io)
         }
         q => {
+            // Merged experts: blocks never straddle rows, so `[n, out, in]` quantizes as
+            // `[n·out, in]` to the same bytes.
+            let cols = t.dims().last().copied().unwrap_or(1).max(1);
+            let t = t.reshape((t.elem_count() / cols, cols))?;
             for part in quantize_rows(&t, q)? {
                 w.write_all(&part).map_err(io)?;
             }

@@ -14,7 +14,7 @@ pub fn config_json(cfg: &ModelConfig, extras: &HubExtras) -> Value {
     let first_sliding = cfg.sliding_window_layers.iter().position(Option::is_some);
     let window = cfg.sliding_window_layers.iter().flatten().next().copied();
     let mut v = json!({
-        "architectures": [cfg.family.architecture()],
+        "architectures": [cfg.architecture().0],
         "attention_dropout": 0.0,
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": match cfg.eos_token_ids.as_slice() {
@@ -27,7 +27,7 @@ pub fn config_json(cfg: &ModelConfig, extras: &HubExtras) -> Value {
         "intermediate_size": cfg.intermediate_size,
         "max_position_embeddings": cfg.max_position_embeddings,
         "max_window_layers": first_sliding.unwrap_or(extras.max_window_layers),
-        "model_type": cfg.family.model_type(),
+        "model_type": cfg.architecture().1,
         "num_attention_heads": cfg.num_attention_heads,
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_key_value_heads": cfg.num_key_value_heads,
@@ -63,6 +63,20 @@ pub fn config_json(cfg: &ModelConfig, extras: &HubExtras) -> Value {
                 return v;
             }
             Family::Qwen2 | Family::Qwen3 => {}
+        }
+        if let Some(moe) = &cfg.moe {
+            let dense: Vec<usize> = (0..cfg.num_hidden_layers).filter(|&l| !moe.is_sparse(l)).collect();
+            m.insert("num_experts".into(), json!(moe.num_experts));
+            m.insert("num_experts_per_tok".into(), json!(moe.num_experts_per_tok));
+            m.insert("moe_intermediate_size".into(), json!(moe.moe_intermediate_size));
+            m.insert("norm_topk_prob".into(), json!(moe.norm_topk_prob));
+            m.insert("decoder_sparse_step".into(), json!(1));
+            m.insert("mlp_only_layers".into(), json!(dense));
+            m.insert("output_router_logits".into(), json!(false));
+            m.insert("router_aux_loss_coef".into(), json!(0.001));
+            if let Some(s) = moe.shared_expert_intermediate_size {
+                m.insert("shared_expert_intermediate_size".into(), json!(s));
+            }
         }
         if cfg.num_attention_heads == 0 || cfg.hidden_size / cfg.num_attention_heads != cfg.head_dim {
             m.insert("head_dim".into(), json!(cfg.head_dim));

@@ -14,7 +14,7 @@ use candle_core::DType;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufTokenizerMeta;
-use crate::gguf_export::{model_tensors, GgufExport, GgufType};
+use crate::gguf_export::{checkpoint_tensors, model_tensors, stack_experts, GgufExport, GgufType};
 
 mod hub_config;
 mod shapes;
@@ -72,7 +72,13 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
     if std::fs::read_dir(out).map_err(|e| ModelError::io(out, e))?.next().is_some() {
         return Err(ModelError::Config(format!("{}: output directory is not empty", out.display())));
     }
-    let tensors = model_tensors(&cfg, !cfg.tie_word_embeddings);
+    // GGUF holds a mixture's experts merged, safetensors one tensor per expert: the same numbers
+    // (a merged tensor is its experts' tensors stacked).
+    let tensors = if opts.gguf.is_some() {
+        model_tensors(&cfg, !cfg.tie_word_embeddings)
+    } else {
+        checkpoint_tensors(&cfg, !cfg.tie_word_embeddings)
+    };
     let parameters: u64 = tensors.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
     let progress = crate::progress::task("writing weights", "tensors", tensors.len() as u64);
 
@@ -81,7 +87,9 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
         let export = GgufExport { config: &cfg, name: s.name.to_string(), tokenizer: opts.gguf_tokenizer.as_ref(), ty };
         let shapes: HashMap<&str, &[usize]> = tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
         let bytes = export.write_file(&path, &tensors, |name| {
-            let t = synth_tensor(name, shapes.get(name).copied().unwrap_or(&[]), opts.seed);
+            let shape = shapes.get(name).copied().unwrap_or(&[]);
+            let one = |name: &str, shape: &[usize]| synth_tensor(name, shape, opts.seed);
+            let t = stack_experts(name, shape, one).unwrap_or_else(|| one(name, shape));
             progress.inc(1);
             t
         })?;
@@ -214,6 +222,94 @@ mod tests {
             let diff =
                 (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
             assert_eq!(diff, 0.0, "{name}");
+        }
+    }
+
+    /// A mixture of experts: safetensors hold one tensor per expert, the GGUF merged 3-D ones
+    /// (llama.cpp's `qwen3moe` layout, routers in F32); both load to the same model, whose
+    /// logits are bit-identical in f32, and a Q8_0 GGUF splits its merged experts as it loads.
+    #[test]
+    fn tiny_moe_safetensors_and_gguf_are_the_same_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let (st, gguf, q8) = (dir.path().join("st"), dir.path().join("gguf"), dir.path().join("q8"));
+        let moe_opts =
+            |out: &Path, gguf| SynthOptions { shape: "tiny-qwen3-moe".into(), ..opts(out, DType::F32, gguf, 5) };
+        synth(&moe_opts(&st, None)).unwrap();
+        synth(&moe_opts(&gguf, Some(GgufType::F32))).unwrap();
+        synth(&moe_opts(&q8, Some(GgufType::Q8_0))).unwrap();
+        let names = |d: &Path| {
+            let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            st.names().into_iter().map(String::from).collect::<Vec<_>>()
+        };
+        let st_names = names(&st);
+        assert!(st_names.iter().any(|n| n == "model.layers.1.mlp.experts.7.down_proj.weight"));
+        assert!(!st_names.iter().any(|n| n == "model.layers.1.mlp.experts.down_proj.weight"));
+        let g = Checkpoint::open(gguf.to_str().unwrap()).unwrap();
+        let info = &g.gguf().unwrap().content.tensor_infos;
+        assert_eq!(info["blk.1.ffn_down_exps.weight"].shape.dims(), &[8, 64, 32]);
+        assert_eq!(info["blk.0.ffn_gate_inp.weight"].ggml_dtype, candle_core::quantized::GgmlDType::F32);
+        let q = Checkpoint::open(q8.to_str().unwrap()).unwrap();
+        let qi = &q.gguf().unwrap().content.tensor_infos;
+        assert_eq!(qi["blk.0.ffn_up_exps.weight"].ggml_dtype, candle_core::quantized::GgmlDType::Q8_0);
+        assert_eq!(qi["blk.0.ffn_gate_inp.weight"].ggml_dtype, candle_core::quantized::GgmlDType::F32);
+
+        let s = Checkpoint::open(st.to_str().unwrap()).unwrap();
+        assert_eq!(s.config.architecture(), ("Qwen3MoeForCausalLM", "qwen3_moe"));
+        assert_eq!(g.config.moe, s.config.moe);
+        assert_eq!(g.config.gguf_architecture(), "qwen3moe");
+        let logits = |ck: &Checkpoint| {
+            let model = DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+            let mut cache = ContiguousKvCache::for_config(&ck.config, DType::F32, &Device::Cpu);
+            let mut batch = ForwardBatch::new();
+            batch.push(0, 0, &[9707, 11, 151643, 40, 1000, 77], LogitsRows::All);
+            model.forward(&batch, &mut cache).unwrap().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        let (a, b, c) = (logits(&s), logits(&g), logits(&q));
+        assert!(a.iter().all(|x| x.is_finite()));
+        assert_eq!(a, b, "safetensors and the F32 GGUF compute the same logits");
+        let err = a.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(err > 0.0 && err < 0.2, "Q8_0 experts: max logit error {err}");
+        forward_is_finite(q8.to_str().unwrap());
+    }
+
+    /// GGUF's merged experts in an int8 type run as one grouped kernel call per projection:
+    /// the logits have exactly the bits of the same experts held apart (one kernel call per
+    /// expert), and a sequence's logits do not change when other sequences share the batch.
+    #[test]
+    fn merged_experts_match_separate_ones_and_are_batch_invariant() {
+        use crate::decoder::moe_tests::with_separate_experts;
+        let dir = tempfile::tempdir().unwrap();
+        for ty in [GgufType::Q8_0, GgufType::Q4_0] {
+            let out = dir.path().join(ty.as_str());
+            synth(&SynthOptions { shape: "tiny-qwen3-moe".into(), ..opts(&out, DType::F32, Some(ty), 9) }).unwrap();
+            let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
+            let load = || DecoderModel::load(&ck.config, &ck.weights, DType::F32, &Device::Cpu).unwrap();
+            let (merged, separate) = (load(), with_separate_experts(load));
+            assert_eq!((merged.merged_expert_layers(), separate.merged_expert_layers()), (2, 0));
+            let prompts: [&[u32]; 3] = [&[9707, 11, 151643, 40, 1000, 77, 5], &[17, 4000], &[300, 301, 302, 303, 9]];
+            let run = |model: &DecoderModel, seqs: &[usize]| -> Vec<Vec<f32>> {
+                let mut cache = ContiguousKvCache::for_config(&ck.config, DType::F32, &Device::Cpu);
+                let mut batch = ForwardBatch::new();
+                for &s in seqs {
+                    batch.push(s, 0, prompts[s], LogitsRows::All);
+                }
+                let v = model.forward(&batch, &mut cache).unwrap().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let vocab = ck.config.vocab_size;
+                let mut at = 0;
+                seqs.iter()
+                    .map(|&s| {
+                        let part = v[at..at + prompts[s].len() * vocab].to_vec();
+                        at += prompts[s].len() * vocab;
+                        part
+                    })
+                    .collect()
+            };
+            let together = run(&merged, &[0, 1, 2]);
+            assert_eq!(together, run(&separate, &[0, 1, 2]), "{ty}: merged and separate experts");
+            for (s, logits) in together.iter().enumerate() {
+                assert_eq!(logits, &run(&merged, &[s])[0], "{ty}: sequence {s} alone and batched");
+            }
         }
     }
 

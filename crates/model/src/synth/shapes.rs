@@ -1,7 +1,7 @@
 //! The real models `flint synth` can imitate: each one's geometry, and what its hub files say
 //! beyond [`ModelConfig`].
 
-use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 
 /// The shapes [`shape_config`] knows.
@@ -18,6 +18,9 @@ pub const SHAPES: &[&str] = &[
     "llama-3.2-1b",
     "llama-3.1-8b",
     "mistral-7b",
+    "tiny-qwen3-moe",
+    "qwen2-moe-small",
+    "qwen3-30b-a3b",
 ];
 
 /// One real model's geometry, plus what its hub files say beyond [`ModelConfig`].
@@ -44,6 +47,18 @@ pub(super) struct ShapeSpec {
     /// generation_config.json's `eos_token_id` list.
     pub(super) generation_eos: &'static [u32],
     pub(super) extras: HubExtras,
+    /// A mixture of experts on every layer.
+    experts: Option<ExpertsSpec>,
+}
+
+/// A shape's experts: how many, how many per token, each one's size, whether the chosen weights
+/// are renormalised, and Qwen2-MoE's shared expert.
+struct ExpertsSpec {
+    count: usize,
+    per_token: usize,
+    size: usize,
+    norm: bool,
+    shared: Option<usize>,
 }
 
 const QWEN25_GEN_EOS: &[u32] = &[151645, 151643];
@@ -74,6 +89,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: HubExtras { sliding_window: 4096, max_window_layers: 2 },
+        experts: None,
     },
     ShapeSpec {
         family: Family::Qwen2,
@@ -95,6 +111,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: HubExtras { sliding_window: 32768, max_window_layers: 21 },
+        experts: None,
     },
     ShapeSpec {
         family: Family::Qwen2,
@@ -116,6 +133,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: HubExtras { sliding_window: 32768, max_window_layers: 21 },
+        experts: None,
     },
     ShapeSpec {
         family: Family::Qwen2,
@@ -137,6 +155,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: HubExtras { sliding_window: 131072, max_window_layers: 28 },
+        experts: None,
     },
     ShapeSpec {
         family: Family::Qwen2,
@@ -158,6 +177,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151643,
         generation_eos: &[151643],
         extras: HubExtras { sliding_window: 4096, max_window_layers: 21 },
+        experts: None,
     },
     ShapeSpec {
         // Qwen3's switches at test size: head_dim 32 with hidden 64 and 4 heads (not 16).
@@ -180,6 +200,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: QWEN3_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         name: "qwen3-0.6b",
@@ -201,6 +222,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: QWEN3_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         name: "qwen3-4b",
@@ -222,6 +244,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: QWEN3_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         name: "qwen3-8b",
@@ -243,6 +266,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 151645,
         generation_eos: QWEN25_GEN_EOS,
         extras: QWEN3_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         name: "llama-3.2-1b",
@@ -264,6 +288,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 128009,
         generation_eos: LLAMA3_GEN_EOS,
         extras: NO_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         name: "llama-3.1-8b",
@@ -285,6 +310,7 @@ const SPECS: &[ShapeSpec] = &[
         eos: 128009,
         generation_eos: LLAMA3_GEN_EOS,
         extras: NO_EXTRAS,
+        experts: None,
     },
     ShapeSpec {
         // Mistral 7B v0.1: the one with a 4096-token window on every layer.
@@ -307,6 +333,77 @@ const SPECS: &[ShapeSpec] = &[
         eos: 2,
         generation_eos: &[2],
         extras: NO_EXTRAS,
+        experts: None,
+    },
+    ShapeSpec {
+        // A mixture of experts at test size: Qwen3 attention, 8 experts of 32, 2 per token.
+        name: "tiny-qwen3-moe",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 2,
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        ffn: 128,
+        vocab: 151936,
+        tied: false,
+        theta: 1e6,
+        max_position: 4096,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: QWEN25_GEN_EOS,
+        extras: QWEN3_EXTRAS,
+        experts: Some(ExpertsSpec { count: 8, per_token: 2, size: 32, norm: true, shared: None }),
+    },
+    ShapeSpec {
+        // Qwen1.5-MoE-A2.7B's layout (60 experts, 4 per token, a gated shared expert of 4× an
+        // expert, no renormalisation) scaled down to ~0.5B parameters, for quick MoE runs.
+        name: "qwen2-moe-small",
+        family: Family::Qwen2,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 12,
+        hidden: 1024,
+        heads: 16,
+        kv_heads: 16,
+        head_dim: 64,
+        ffn: 2816,
+        vocab: 151936,
+        tied: false,
+        theta: 1e6,
+        max_position: 8192,
+        bos: 151643,
+        eos: 151643,
+        generation_eos: &[151643],
+        extras: HubExtras { sliding_window: 8192, max_window_layers: 12 },
+        experts: Some(ExpertsSpec { count: 60, per_token: 4, size: 256, norm: false, shared: Some(1024) }),
+    },
+    ShapeSpec {
+        // Qwen3-30B-A3B: 30.5B parameters, 3.3B read per token.
+        name: "qwen3-30b-a3b",
+        family: Family::Qwen3,
+        rms_norm_eps: 1e-6,
+        llama3_rope: None,
+        window: None,
+        layers: 48,
+        hidden: 2048,
+        heads: 32,
+        kv_heads: 4,
+        head_dim: 128,
+        ffn: 6144,
+        vocab: 151936,
+        tied: false,
+        theta: 1e6,
+        max_position: 40960,
+        bos: 151643,
+        eos: 151645,
+        generation_eos: &[151645, 151643],
+        extras: HubExtras { sliding_window: 32768, max_window_layers: 48 },
+        experts: Some(ExpertsSpec { count: 128, per_token: 8, size: 768, norm: true, shared: None }),
     },
 ];
 
@@ -347,7 +444,14 @@ pub fn shape_config(name: &str) -> Result<ModelConfig> {
         bos_token_id: Some(s.bos),
         eos_token_ids: vec![s.eos],
         torch_dtype: Some("bfloat16".into()),
-        moe: None,
+        moe: s.experts.as_ref().map(|e| MoeConfig {
+            num_experts: e.count,
+            num_experts_per_tok: e.per_token,
+            moe_intermediate_size: e.size,
+            norm_topk_prob: e.norm,
+            shared_expert_intermediate_size: e.shared,
+            sparse_layers: vec![true; s.layers],
+        }),
     })
 }
 
