@@ -112,6 +112,9 @@ pub fn run(a: InspectArgs) -> Result<()> {
         e.1 += t.bytes;
     }
     println!("parameters:      {}", group(params));
+    for (dtype, (n, bytes)) in &by_dtype {
+        println!("  {dtype:<6} {} parameters, {} bytes", group(*n), group(*bytes));
+    }
     // What decoding one token of one sequence reads: every weight except the idle experts and
     // all but one embedding row (the whole matrix when it doubles as the head).
     let (mut active, mut read) = (0f64, 0f64);
@@ -126,9 +129,6 @@ pub fn run(a: InspectArgs) -> Result<()> {
         100.0 * active / params.max(1) as f64,
         group(read.round() as usize)
     );
-    for (dtype, (n, bytes)) in &by_dtype {
-        println!("  {dtype:<6} {} parameters, {} bytes", group(*n), group(*bytes));
-    }
     // KV bytes at the checkpoint's own precision (what GPU servers store), and at f32, the cache
     // dtype flint's CPU path uses when weights are computed in f32 (the default that fits).
     let native = match c.torch_dtype.as_deref() {

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# flint against llama.cpp on a mixture of experts: the same GGUF file (random weights with the exact
+# shape of Qwen3-30B-A3B by default, written by `flint synth`), the same CPU, back to back in one
+# run, written to docs/benchmarks-moe.md with the commands. Not part of CI (about an hour on a
+# 2-core machine, most of it writing and loading the 17 GB file).
+#
+#   scripts/bench_moe.sh            # SHAPE=qwen3-30b-a3b TYPE=q4_k REPS=2 THREADS=2 PARALLEL=16
+#
+# Measured: pp512 and tg128 for one sequence (llama-bench against `flint bench latency`), the
+# aggregate decode rate of 16 parallel sequences (llama-batched-bench against `flint bench
+# throughput`), each program's peak RSS (GNU time), this machine's memory bandwidth
+# (scripts/membw.c) and the bytes a token reads (`flint inspect`), for the decode's share of the
+# bandwidth ceiling. llama.cpp is built as scripts/bench_vs_llamacpp.sh builds it (same cache).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=${WORK:-$ROOT/target/llamacpp}
+SHAPE=${SHAPE:-qwen3-30b-a3b}
+TYPE=${TYPE:-q4_k}
+REPS=${REPS:-2}
+THREADS=${THREADS:-2}
+PARALLEL=${PARALLEL:-16}
+MODEL=${MODEL:-$WORK/models/$SHAPE-$TYPE/model-$TYPE.gguf}
+OUT=${OUT:-$ROOT/docs/benchmarks-moe.md}
+RAW=$WORK/raw-moe
+mkdir -p "$RAW"
+B=$WORK/build/bin
+
+if [ ! -x "$B/llama-bench" ] || [ ! -x "$B/llama-batched-bench" ]; then
+  # The build recipe lives in one place: run the dense benchmark's build step only.
+  echo "== llama.cpp is not built under $WORK: run scripts/bench_vs_llamacpp.sh once (it builds it)" >&2
+  exit 1
+fi
+[ -x /usr/bin/time ] || { echo "== GNU time (/usr/bin/time) is needed for peak RSS: apt-get install time" >&2; exit 1; }
+
+echo "== building flint (release)" >&2
+cargo build --release --locked -p flint >&2
+F=$ROOT/target/release/flint
+
+if [ ! -f "$MODEL" ]; then
+  rm -rf "$(dirname "$MODEL")"
+  "$F" synth --shape "$SHAPE" --gguf "$TYPE" --out "$(dirname "$MODEL")" >&2
+fi
+
+CMDS=()
+# Runs one command under GNU time, keeps its output and peak RSS under raw-moe/, and records the
+# command line (paths relative to the repository).
+run() {
+  local name=$1; shift
+  CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")")
+  echo "== $name: $*" >&2
+  /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err"
+}
+
+run flint-inspect "$F" inspect --model "$MODEL"
+rm -f "$RAW/membw.txt"
+if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
+  run membw env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
+fi
+run llama-bench "$B/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r "$REPS" -o json
+run flint-latency "$F" bench latency --model "$MODEL" --prompt-len 512 --gen-len 128 --reps "$REPS" \
+  --json "$RAW/flint-latency.json"
+run llama-batched "$B/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
+  -npp 128 -ntg 128 -npl "$PARALLEL" --output-format jsonl
+run flint-parallel "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
+  --output-len 128 --max-num-seqs "$PARALLEL"
+
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+python3 - "$RAW" "$OUT" "$SHAPE" "$TYPE" "$THREADS" "$REPS" "$PARALLEL" "$COMMIT" "$MODEL" "${CMDS[@]}" <<'PY'
+import datetime, json, os, re, sys
+raw, out, shape, ty, threads, reps, par, commit, model = sys.argv[1:10]
+cmds = sys.argv[10:]
+def read(name):
+    p = os.path.join(raw, name)
+    return open(p).read() if os.path.exists(p) else ""
+def rss_gb(name):
+    m = re.search(r"maxrss_kb=(\d+)", read(name + ".rss"))
+    return int(m.group(1)) * 1024 / 1e9 if m else None
+def llama(kind):
+    for r in json.loads(read("llama-bench.txt") or "[]"):
+        if kind == "pp" and r.get("n_prompt") == 512 and r.get("n_gen") == 0:
+            return r["avg_ts"], r["stddev_ts"]
+        if kind == "tg" and r.get("n_gen") == 128 and r.get("n_prompt") == 0:
+            return r["avg_ts"], r["stddev_ts"]
+    return None
+def flint(kind):
+    p = os.path.join(raw, "flint-latency.json")
+    if not os.path.exists(p):
+        return None
+    v = json.load(open(p))[kind]
+    return v["mean"], v["sd"]
+def fmt(x):
+    return "–" if x is None else f"{x[0]:.2f} ± {x[1]:.2f}"
+def ratio(a, b):
+    return "–" if a is None or b is None or b[0] == 0 else f"{a[0] / b[0]:.2f}"
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+file_gb = os.path.getsize(model) / 1e9
+inspect = read("flint-inspect.txt")
+m = re.search(r"per token:\s+([0-9,]+) parameters read \(([0-9.]+)%\), ([0-9,]+) bytes", inspect)
+active, share, per_token = (int(m.group(1).replace(",", "")), m.group(2), int(m.group(3).replace(",", ""))) if m else (None, None, None)
+m = re.search(r"parameters:\s+([0-9,]+)", inspect)
+total = int(m.group(1).replace(",", "")) if m else None
+lines = [
+    "# Mixture of experts: flint vs llama.cpp",
+    "",
+    f"Generated by `scripts/bench_moe.sh` on {datetime.date.today()} ({cpu}, {threads} threads). Model: random "
+    f"weights with the exact shape of {shape} ({total:,} parameters, {active:,} read per token, {share}%), "
+    f"synthesized by `flint synth --shape {shape} --gguf {ty}`: one {file_gb:.2f} GB file given to both. "
+    "llama.cpp: the copy vendored in the llama-cpp-python 0.3.36 sdist, built as `scripts/bench_vs_llamacpp.sh` "
+    f"builds it. flint: commit {commit}, release build. Ratio = flint / llama.cpp (≥ 1.00: flint ahead). "
+    "The machine is shared and noisy; both ran back to back in this one run.",
+    "",
+    f"## Single stream (tokens/s, mean ± sd over {reps} repetitions)",
+    "",
+    "| | llama.cpp | flint | ratio |",
+    "|---|---:|---:|---:|",
+    f"| pp512 | {fmt(llama('pp'))} | {fmt(flint('pp'))} | {ratio(flint('pp'), llama('pp'))} |",
+    f"| tg128 | {fmt(llama('tg'))} | {fmt(flint('tg'))} | {ratio(flint('tg'), llama('tg'))} |",
+    "",
+]
+l = None
+for line in read("llama-batched.txt").splitlines():
+    try:
+        r = json.loads(line)
+    except Exception:
+        continue
+    if r.get("pl") == int(par):
+        l = r.get("speed_tg")
+m = re.search(r"decode phase ([0-9.]+) tok/s", read("flint-parallel.txt"))
+f = float(m.group(1)) if m else None
+lines += [f"## {par} parallel sequences (aggregate decode tokens/s; 128-token prompts, 128 tokens each)", "",
+          "| llama-batched-bench S_TG | flint decode phase | ratio |", "|---:|---:|---:|",
+          f"| {'–' if l is None else f'{l:.2f}'} | {'–' if f is None else f'{f:.2f}'} | "
+          f"{'–' if not (l and f) else f'{f / l:.2f}'} |", ""]
+lines += ["## Peak memory (GNU time, maximum resident set)", "",
+          "| program | peak RSS | of the file |", "|---|---:|---:|"]
+for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint-latency", "flint bench latency"),
+                    ("llama-batched", "llama-batched-bench"), ("flint-parallel", "flint bench throughput")]:
+    g = rss_gb(name)
+    lines.append(f"| {label} | {'–' if g is None else f'{g:.2f} GB'} | {'–' if g is None else f'{g / file_gb:.2f}×'} |")
+bw = {m.group(1): {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", m.group(0))}
+      for m in re.finditer(r"membw pages=(\w+) .*", read("membw.txt"))}
+ft = flint("tg")
+if bw and per_token and ft:
+    lim = bw.get("huge") or next(iter(bw.values()))
+    gbs = ft[0] * per_token / 1e9
+    lines += ["", "## Decode against memory bandwidth", "",
+              f"A token reads {per_token / 1e9:.2f} GB of weights (`flint inspect`: the attention, the router, "
+              "its 8 chosen experts, the head, one embedding row). `scripts/membw.c` in this same run, "
+              "best and median of 7 over 1 GiB arrays (GB/s):", "",
+              "| pages | read best | read median | triad best | triad median |", "|---|---:|---:|---:|---:|"]
+    for pages, v in bw.items():
+        lines.append(f"| {pages} | {v['read_best']:.1f} | {v['read_median']:.1f} | {v['triad_best']:.1f} | {v['triad_median']:.1f} |")
+    lines += ["", f"flint's tg128 × bytes per token = {gbs:.1f} GB/s: {100 * gbs / lim['triad_median']:.0f}% of the "
+              f"huge-page triad median, {100 * gbs / lim['read_best']:.0f}% of the huge-page read best."]
+lines += ["", "## Commands", "", "```"] + cmds + ["```", ""]
+open(out, "w").write("\n".join(lines))
+print("\n".join(lines))
+PY
