@@ -19,16 +19,25 @@ impl Portable {
         Self::segment(rows, b0, b1, st)
     }
 
+    /// Blocks in the outer loop and rows in the inner one: a block's f32 key tiles and values are
+    /// loaded once for every row that reads them (a prefill chunk's rows, times the query heads
+    /// sharing the KV head), not once per row. Each row still sees its blocks in order with its
+    /// own state, so its arithmetic is the same as row by row.
     #[inline(always)]
     pub(super) fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState) {
         let (d, bs) = (rows.d, rows.kv.block_size);
-        let mut kt = vec![0f32; d * KEY_TILE];
+        let tiles_per_block = bs.div_ceil(KEY_TILE);
+        // Key tile j of the current block at `kts[j·d·16..]` (`[d][16]`), its values at
+        // `values[t·d..]`, and which source each tile was loaded from.
+        let mut kts = vec![0f32; tiles_per_block * d * KEY_TILE];
         let mut vt = vec![0f32; KEY_TILE * d];
+        let mut loaded: Vec<Option<Source>> = vec![None; tiles_per_block];
         let (mut scores, mut w, mut vs) = (vec![0f32; bs], vec![0f32; bs], vec![1f32; bs]);
         let mut values = vec![0f32; bs * d];
         let (mut q8, mut w16) = (vec![0i8; d], vec![0i16; bs]);
-        for r in 0..rows.rows.len() {
-            for b in b0..b1 {
+        for b in b0..b1 {
+            loaded.fill(None);
+            for r in 0..rows.rows.len() {
                 let Some(src) = rows.source(r, b) else { continue };
                 let (a, e) = rows.live(r, b * bs, bs);
                 if a >= e {
@@ -59,10 +68,14 @@ impl Portable {
                         for j in tiles.clone() {
                             let t0 = j * KEY_TILE;
                             let len = KEY_TILE.min(bs - t0);
-                            load_tile(rows, src, b, t0, len, &mut kt, &mut vt);
-                            let s = Self::scores(q, &kt, d);
+                            let kt = &mut kts[j * d * KEY_TILE..][..d * KEY_TILE];
+                            if loaded[j] != Some(src) {
+                                load_tile(rows, src, b, t0, len, kt, &mut vt);
+                                values[t0 * d..(t0 + len) * d].copy_from_slice(&vt[..len * d]);
+                                loaded[j] = Some(src);
+                            }
+                            let s = Self::scores(q, kt, d);
                             scores[t0..t0 + len].copy_from_slice(&s[..len]);
-                            values[t0 * d..(t0 + len) * d].copy_from_slice(&vt[..len * d]);
                         }
                         Self::softmax(&scores, None, &mut w, tiles, a, e, bs, d, r, st);
                         let o = &mut st.o[r * d..][..d];
@@ -158,27 +171,39 @@ pub(in crate::kernels) fn load_tile(
     kt.fill(0.0);
     vt.fill(0.0);
     let at = rows.store_head(b) * bs * d;
-    let mut fill = |k: &dyn Fn(usize) -> f32, v: &dyn Fn(usize) -> f32| {
+    // Generic, not `dyn`: each element is a load (and a widening for bf16), not an indirect call.
+    #[inline(always)]
+    fn fill<K: Copy, V: Copy>(
+        (kt, vt): (&mut [f32], &mut [f32]),
+        (k, v): (&[K], &[V]),
+        (d, bs, t0, len): (usize, usize, usize, usize),
+        kf: impl Fn(K) -> f32,
+        vf: impl Fn(V) -> f32,
+    ) {
         for c in 0..d {
-            for t in 0..len {
-                kt[c * KEY_TILE + t] = k(c * bs + t0 + t);
+            let src = &k[c * bs + t0..][..len];
+            for (dst, &x) in kt[c * KEY_TILE..][..len].iter_mut().zip(src) {
+                *dst = kf(x);
             }
         }
-        for t in 0..len {
-            for c in 0..d {
-                vt[t * d + c] = v((t0 + t) * d + c);
-            }
+        for (dst, &x) in vt[..len * d].iter_mut().zip(&v[t0 * d..][..len * d]) {
+            *dst = vf(x);
         }
-    };
+    }
+    let geometry = (d, bs, t0, len);
     match (src, rows.kv.store) {
         (Source::Exact, _) => {
             let (k, v) = rows.exact(b);
-            fill(&|i| k[i], &|i| v[i]);
+            fill((kt, vt), (k, v), geometry, |x| x, |x| x);
         }
         // Never asked for: stored int8 blocks are read as codes.
         (Source::Store, KvStore::Int8 { .. }) => debug_assert!(false, "int8 codes are not loaded as f32 tiles"),
-        (Source::Store, KvStore::F32 { k, v }) => fill(&|i| k[at + i], &|i| v[at + i]),
-        (Source::Store, KvStore::Bf16 { k, v }) => fill(&|i| from_bf16(k[at + i]), &|i| from_bf16(v[at + i])),
+        (Source::Store, KvStore::F32 { k, v }) => {
+            fill((kt, vt), (&k[at..][..d * bs], &v[at..][..bs * d]), geometry, |x| x, |x| x)
+        }
+        (Source::Store, KvStore::Bf16 { k, v }) => {
+            fill((kt, vt), (&k[at..][..d * bs], &v[at..][..bs * d]), geometry, from_bf16, from_bf16)
+        }
     }
 }
 
