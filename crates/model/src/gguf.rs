@@ -1,6 +1,7 @@
-//! GGUF as llama.cpp writes it for the `qwen2`, `qwen3` and `llama` architectures: tensor names
-//! (`blk.N.attn_q.weight` for `model.layers.N.self_attn.q_proj.weight`) and the `<arch>.*`
-//! metadata keys that carry the config. llama.cpp keeps Qwen's q/k rows as they are (NeoX RoPE,
+//! GGUF as llama.cpp writes it for the `qwen2`, `qwen3` and `llama` architectures and the
+//! `qwen3moe`/`qwen2moe` mixtures: tensor names (`blk.N.attn_q.weight` for
+//! `model.layers.N.self_attn.q_proj.weight`, `blk.N.ffn_up_exps.weight` for a layer's experts
+//! merged) and the `<arch>.*` metadata keys that carry the config. llama.cpp keeps Qwen's q/k rows as they are (NeoX RoPE,
 //! halves), but its converter permutes Llama's so that RoPE pairs are adjacent
 //! ([`llama_cpp_row`]); the loader puts them back, so one forward pass serves both files.
 
