@@ -36,7 +36,7 @@ use crate::weights::{Weight, WeightSource};
 
 mod moe;
 #[cfg(test)]
-pub(crate) use moe::tests as moe_tests;
+pub(crate) use moe::with_separate_experts;
 use moe::SparseMoe;
 
 /// Reads the checkpoint's tensors by name, checking each one's shape; dense ones arrive in the

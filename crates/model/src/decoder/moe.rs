@@ -11,10 +11,10 @@
 //! expert outputs are added in expert-index order (transformers' order) whatever else is in the
 //! batch.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Tensor};
 use tracing::trace_span;
-
-use std::sync::Arc;
 
 use super::{Loader, Mlp, Ops};
 use crate::config::{ModelConfig, MoeConfig};
@@ -117,7 +117,7 @@ impl Experts {
     /// panels per expert), else one MLP per expert (see
     /// [`crate::weights::WeightSource::get_experts`]).
     fn load(ld: &Loader, p: &str, n: usize, h: usize, i: usize) -> Result<Self> {
-        if ld.device.is_cpu() && i.is_multiple_of(16) && h.is_multiple_of(16) && !tests::separate_only() {
+        if ld.device.is_cpu() && i.is_multiple_of(16) && h.is_multiple_of(16) && !separate_only() {
             let merged = |proj: &str, out: usize, inp: usize| -> Result<Option<PackedQ8>> {
                 match ld.weights.get_merged_experts(p, proj, n, &[out, inp])? {
                     Some(q) => pack_q8_rows(&q, n * out, inp),
@@ -256,33 +256,36 @@ pub(crate) fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f3
     chosen
 }
 
+#[cfg(test)]
+thread_local! {
+    static SEPARATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` (a model load on this thread) with every mixture's experts held apart, as
+/// safetensors load them: the reference the merged experts are compared with.
+#[cfg(test)]
+pub(crate) fn with_separate_experts<R>(f: impl FnOnce() -> R) -> R {
+    SEPARATE.with(|c| c.set(true));
+    let r = f();
+    SEPARATE.with(|c| c.set(false));
+    r
+}
+
+/// Whether a test asked for separate experts (`with_separate_experts`).
+#[cfg(test)]
+fn separate_only() -> bool {
+    SEPARATE.with(|c| c.get())
+}
+
+/// Outside tests the merged experts are always taken where they load.
 #[cfg(not(test))]
-mod tests {
-    pub(super) fn separate_only() -> bool {
-        false
-    }
+fn separate_only() -> bool {
+    false
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::route;
-
-    thread_local! {
-        static SEPARATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
-    /// Run `f` (a model load on this thread) with every mixture's experts held apart, as
-    /// safetensors load them: the reference the merged experts are compared with.
-    pub(crate) fn with_separate_experts<R>(f: impl FnOnce() -> R) -> R {
-        SEPARATE.with(|c| c.set(true));
-        let r = f();
-        SEPARATE.with(|c| c.set(false));
-        r
-    }
-
-    pub(super) fn separate_only() -> bool {
-        SEPARATE.with(|c| c.get())
-    }
 
     #[test]
     fn routing_takes_the_top_k_by_probability_with_ties_to_the_lower_index() {

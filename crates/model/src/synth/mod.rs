@@ -278,7 +278,7 @@ mod tests {
     /// expert), and a sequence's logits do not change when other sequences share the batch.
     #[test]
     fn merged_experts_match_separate_ones_and_are_batch_invariant() {
-        use crate::decoder::moe_tests::with_separate_experts;
+        use crate::decoder::with_separate_experts;
         let dir = tempfile::tempdir().unwrap();
         for ty in [GgufType::Q8_0, GgufType::Q4_0] {
             let out = dir.path().join(ty.as_str());
