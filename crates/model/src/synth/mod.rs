@@ -129,6 +129,7 @@ mod tests {
     use crate::decoder::DecoderModel;
     use crate::kv_cache::ContiguousKvCache;
     use crate::source::Checkpoint;
+    use candle_core::quantized::gguf_file;
     use candle_core::Device;
 
     fn opts(out: &Path, dtype: DType, gguf: Option<GgufType>, seed: u64) -> SynthOptions {
@@ -253,6 +254,15 @@ mod tests {
         let qi = &q.gguf().unwrap().content.tensor_infos;
         assert_eq!(qi["blk.0.ffn_up_exps.weight"].ggml_dtype, candle_core::quantized::GgmlDType::Q8_0);
         assert_eq!(qi["blk.0.ffn_gate_inp.weight"].ggml_dtype, candle_core::quantized::GgmlDType::F32);
+
+        // Bad expert keys are one-line errors naming the key.
+        let mut content = crate::weights::GgufWeights::open(&gguf.join("model-f32.gguf")).unwrap().content;
+        content.metadata.insert("qwen3moe.expert_used_count".into(), gguf_file::Value::U32(9));
+        let e = crate::gguf::config_from_gguf(&content).unwrap_err().to_string();
+        assert!(e.contains("num_experts_per_tok 9"), "{e}");
+        content.metadata.remove("qwen3moe.expert_count");
+        let e = crate::gguf::config_from_gguf(&content).unwrap_err().to_string();
+        assert!(e.contains("qwen3moe.expert_count"), "{e}");
 
         let s = Checkpoint::open(st.to_str().unwrap()).unwrap();
         assert_eq!(s.config.architecture(), ("Qwen3MoeForCausalLM", "qwen3_moe"));
