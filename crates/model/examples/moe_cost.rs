@@ -1,0 +1,164 @@
+//! One mixture-of-experts feed-forward alone, as `merged_forward` runs it: qwen3-30b-a3b's experts
+//! (128 of 768 × 2048, 8 per token) merged in Q4_K, `--rows` token rows each routed to 8 random
+//! experts, the gate/up grouped call then the down one. Several layers' worth of weights are
+//! cycled so that every pass reads its experts from memory, not from the cache, as a decode step
+//! does. `cargo run --release -p flint-model --example moe_cost -- [--rows 1] [--iters 60]
+//! [--layers 4]`. Prints the median time of a layer's pass and the bytes of the experts it read
+//! per second, against a peer in the same run: plain reads of the same number of bytes from the
+//! same places of a buffer laid out like the weights (huge pages, both threads), alternated with
+//! the kernel pass by pass. Their ratio is the kernel's share of what the memory gives here,
+//! steadier than either figure on a shared machine.
+
+use flint_model::kernels::huge_buf::HugeBuf;
+use flint_model::kernels::matmul_q8::{grouped_gated_uninit, grouped_uninit, ExpertJob, Format, PackedQ8};
+use flint_model::kernels::pool;
+use std::mem::MaybeUninit;
+use std::time::Instant;
+
+const EXPERTS: usize = 128;
+const TOP_K: usize = 8;
+const HIDDEN: usize = 2048;
+const INTER: usize = 768;
+/// Q4_K: 144 bytes per 256 values.
+const Q4K_BYTES: usize = 144;
+
+fn arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
+}
+
+struct Rng(u32);
+
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        self.0
+    }
+}
+
+/// Random Q4_K blocks for an `[out, inp]` weight with small finite `d` and `dmin`.
+fn q4k(out: usize, inp: usize, rng: &mut Rng) -> PackedQ8 {
+    let mut raw: Vec<u8> = (0..out * inp / 256 * Q4K_BYTES).map(|_| rng.next() as u8).collect();
+    for block in raw.chunks_exact_mut(Q4K_BYTES) {
+        block[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x1c]); // f16 d ≈ 0.0088, dmin ≈ 0.0039
+    }
+    PackedQ8::from_ggml(Format::Q4_K, &raw, out, inp).expect("Q4_K sizes")
+}
+
+fn main() {
+    let n: usize = arg("--rows", "1").parse().expect("--rows: a number");
+    let iters: usize = arg("--iters", "60").parse().expect("--iters: a number");
+    let layers: usize = arg("--layers", "4").parse().expect("--layers: a number");
+    let mut rng = Rng(0x9E37_79B9);
+    let weights: Vec<[PackedQ8; 3]> = (0..layers)
+        .map(|_| {
+            [
+                q4k(EXPERTS * INTER, HIDDEN, &mut rng),
+                q4k(EXPERTS * INTER, HIDDEN, &mut rng),
+                q4k(EXPERTS * HIDDEN, INTER, &mut rng),
+            ]
+        })
+        .collect();
+    let x: Vec<f32> = (0..n * HIDDEN).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let expert_bytes = 3 * INTER * HIDDEN / 256 * Q4K_BYTES;
+    let proj_bytes = expert_bytes / 3;
+    let mirror: Vec<HugeBuf<u8>> = (0..layers * 3)
+        .map(|i| {
+            let mut b = HugeBuf::<u8>::zeroed(EXPERTS * proj_bytes);
+            b.iter_mut().enumerate().for_each(|(j, v)| *v = (i + j) as u8);
+            b
+        })
+        .collect();
+    let mut peer = Vec::new();
+    let mut times = Vec::new();
+    let mut read = Vec::new();
+    for it in 0..iters + 3 {
+        // Each row's 8 distinct experts, drawn at random.
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); EXPERTS];
+        for r in 0..n {
+            let mut chosen = Vec::new();
+            while chosen.len() < TOP_K {
+                let e = rng.next() as usize % EXPERTS;
+                if !chosen.contains(&e) {
+                    chosen.push(e);
+                }
+            }
+            for e in chosen {
+                rows[e].push(r as u32);
+            }
+        }
+        let chosen: Vec<usize> = (0..EXPERTS).filter(|&e| !rows[e].is_empty()).collect();
+        let [gate, up, down] = &weights[it % layers];
+        let t = Instant::now();
+        let jobs: Vec<ExpertJob> =
+            chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * INTER, cols: INTER }).collect();
+        let mut gated: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * INTER]).collect();
+        {
+            let mut ys: Vec<&mut [MaybeUninit<f32>]> = gated.iter_mut().map(|g| uninit(g)).collect();
+            grouped_gated_uninit(&x, n, gate, up, &jobs, &mut ys);
+        }
+        let jobs: Vec<ExpertJob> =
+            chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * HIDDEN, cols: HIDDEN }).collect();
+        let mut outs: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * HIDDEN]).collect();
+        {
+            let inputs: Vec<&[f32]> = gated.iter().map(Vec::as_slice).collect();
+            let mut ys: Vec<&mut [MaybeUninit<f32>]> = outs.iter_mut().map(|g| uninit(g)).collect();
+            grouped_uninit(&inputs, down, &jobs, &mut ys);
+        }
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(&outs);
+        let t = Instant::now();
+        read_like(&mirror[(it % layers) * 3..][..3], &chosen, proj_bytes);
+        let p = t.elapsed().as_secs_f64();
+        if it >= 3 {
+            times.push(s);
+            peer.push(p);
+            read.push(chosen.len());
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let ratios: Vec<f64> = peer.iter().zip(&times).map(|(p, t)| p / t).collect();
+    let experts = read.iter().sum::<usize>() as f64 / read.len() as f64;
+    let bytes = experts * expert_bytes as f64;
+    println!(
+        "rows {n}: {experts:.1} experts a pass; kernel median {:.3} ms = {:.1} GB/s of expert weights; \
+         plain reads of the same bytes {:.1} GB/s; kernel / reads, median of pass ratios: {:.2}",
+        median(&times) * 1e3,
+        bytes / median(&times) / 1e9,
+        bytes / median(&peer) / 1e9,
+        median(&ratios)
+    );
+}
+
+/// Read the chosen experts' bytes of each projection in `bufs`, 64 KiB pieces over the pool.
+fn read_like(bufs: &[HugeBuf<u8>], chosen: &[usize], proj_bytes: usize) {
+    const PIECE: usize = 64 << 10;
+    let per = proj_bytes.div_ceil(PIECE);
+    let pieces = bufs.len() * chosen.len() * per;
+    let sink = std::sync::atomic::AtomicU64::new(0);
+    pool::run(pieces, |i| {
+        let (b, rest) = (i / (chosen.len() * per), i % (chosen.len() * per));
+        let (e, k) = (chosen[rest / per], rest % per);
+        let start = e * proj_bytes + k * PIECE;
+        let piece = &bufs[b][start..(start + PIECE).min((e + 1) * proj_bytes)];
+        let mut acc = [0u64; 8];
+        for line in piece.chunks_exact(64) {
+            for (a, w) in acc.iter_mut().zip(line.chunks_exact(8)) {
+                *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap_or_default()));
+            }
+        }
+        sink.fetch_add(acc.iter().fold(0, |s, &a| s ^ a), std::sync::atomic::Ordering::Relaxed);
+    });
+    std::hint::black_box(sink.into_inner());
+}
+
+fn uninit(v: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: f32 and MaybeUninit<f32> have one layout; the kernels only write.
+    unsafe { &mut *(v as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
