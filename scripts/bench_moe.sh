@@ -71,6 +71,17 @@ else
   run flint-parallel "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
     --output-len 128 --max-num-seqs "$PARALLEL"
   printf "%s\n" "${CMDS[@]}" > "$RAW/commands.txt"
+  # The CPU the figures came from (the model name alone does not tell AMD's generations apart).
+  python3 - > "$RAW/cpu.txt" <<'CPU'
+info = {}
+for line in open("/proc/cpuinfo"):
+    k, _, v = line.partition(":")
+    info.setdefault(k.strip(), v.strip())
+flags = info.get("flags", "").split()
+simd = next((n for f, n in [("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"),
+                            ("avx2", "AVX2")] if f in flags), "no AVX2")
+print(f"{info.get('model name', '?')}, family {info.get('cpu family', '?')} model {info.get('model', '?')}, {simd}")
+CPU
   git rev-parse --short HEAD > "$RAW/commit.txt" 2>/dev/null || echo unknown > "$RAW/commit.txt"
   COMMIT=$(cat "$RAW/commit.txt")
 fi
@@ -103,7 +114,7 @@ def fmt(x):
 def ratio(a, b):
     return "–" if a is None or b is None or b[0] == 0 else f"{a[0] / b[0]:.2f}"
 run_date = datetime.date.fromtimestamp(os.path.getmtime(os.path.join(raw, "flint-inspect.txt")))
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+cpu = read("cpu.txt").strip() or next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 file_gb = os.path.getsize(model) / 1e9
 inspect = read("flint-inspect.txt")
 m = re.search(r"per token:\s+([0-9,]+) parameters read \(([0-9.]+)%\), ([0-9,]+) bytes", inspect)
