@@ -11,7 +11,7 @@
 
 use flint_model::kernels::huge_buf::HugeBuf;
 use flint_model::kernels::matmul_q8::{grouped_gated_uninit, grouped_uninit, ExpertJob, Format, PackedQ8};
-use flint_model::kernels::pool;
+use flint_model::kernels::{as_uninit, pool};
 use std::mem::MaybeUninit;
 use std::time::Instant;
 
@@ -96,7 +96,7 @@ fn main() {
             chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * INTER, cols: INTER }).collect();
         let mut gated: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * INTER]).collect();
         {
-            let mut ys: Vec<&mut [MaybeUninit<f32>]> = gated.iter_mut().map(|g| uninit(g)).collect();
+            let mut ys: Vec<&mut [MaybeUninit<f32>]> = gated.iter_mut().map(|g| as_uninit(g)).collect();
             grouped_gated_uninit(&x, n, gate, up, &jobs, &mut ys);
         }
         let jobs: Vec<ExpertJob> =
@@ -104,7 +104,7 @@ fn main() {
         let mut outs: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * HIDDEN]).collect();
         {
             let inputs: Vec<&[f32]> = gated.iter().map(Vec::as_slice).collect();
-            let mut ys: Vec<&mut [MaybeUninit<f32>]> = outs.iter_mut().map(|g| uninit(g)).collect();
+            let mut ys: Vec<&mut [MaybeUninit<f32>]> = outs.iter_mut().map(|g| as_uninit(g)).collect();
             grouped_uninit(&inputs, down, &jobs, &mut ys);
         }
         let s = t.elapsed().as_secs_f64();
@@ -156,9 +156,4 @@ fn read_like(bufs: &[HugeBuf<u8>], chosen: &[usize], proj_bytes: usize) {
         sink.fetch_add(acc.iter().fold(0, |s, &a| s ^ a), std::sync::atomic::Ordering::Relaxed);
     });
     std::hint::black_box(sink.into_inner());
-}
-
-fn uninit(v: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: f32 and MaybeUninit<f32> have one layout; the kernels only write.
-    unsafe { &mut *(v as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }

@@ -67,7 +67,7 @@ impl Stripe<'_> {
 }
 
 /// View an initialised output as one the kernels may overwrite (same layout; they only write).
-pub(crate) fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+pub fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every value written through the view
     // is an initialised f32, so `y` stays initialised.
     unsafe { &mut *(y as *mut [f32] as *mut [MaybeUninit<f32>]) }
