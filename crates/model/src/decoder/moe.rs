@@ -172,18 +172,21 @@ fn merged_forward(
     let gated_jobs: Vec<ExpertJob> =
         chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * i, cols: i }).collect();
     let mut gated: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * i]).collect();
-    with_f32(&x, |xs| {
-        let mut ys: Vec<_> = gated.iter_mut().map(|g| as_uninit(g)).collect();
-        matmul_q8::grouped_gated_uninit(xs, n, gate, up, &gated_jobs, &mut ys);
+    trace_span!("gate_up").in_scope(|| {
+        with_f32(&x, |xs| {
+            let mut ys: Vec<_> = gated.iter_mut().map(|g| as_uninit(g)).collect();
+            matmul_q8::grouped_gated_uninit(xs, n, gate, up, &gated_jobs, &mut ys);
+        })
     })?;
     let down_jobs: Vec<ExpertJob> =
         chosen.iter().map(|&e| ExpertJob { rows: &rows[e], col0: e * h, cols: h }).collect();
     let mut ys: Vec<Vec<f32>> = chosen.iter().map(|&e| vec![0f32; rows[e].len() * h]).collect();
-    {
+    trace_span!("down").in_scope(|| {
         let inputs: Vec<&[f32]> = gated.iter().map(Vec::as_slice).collect();
         let mut outs: Vec<_> = ys.iter_mut().map(|y| as_uninit(y)).collect();
         matmul_q8::grouped_uninit(&inputs, down, &down_jobs, &mut outs);
-    }
+    });
+    let _sum = trace_span!("weighted_sum").entered();
     let mut sum = vec![0f32; n * h];
     for (&e, y) in chosen.iter().zip(&ys) {
         add_weighted(&mut sum, h, &rows[e], &weights[e], y);
