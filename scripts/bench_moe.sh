@@ -4,7 +4,7 @@
 # run, written to docs/benchmarks-moe.md with the commands. Not part of CI (about an hour on a
 # 2-core machine, most of it writing and loading the 17 GB file).
 #
-#   scripts/bench_moe.sh            # SHAPE=qwen3-30b-a3b TYPE=q4_k REPS=2 THREADS=2 PARALLEL=16
+#   scripts/bench_moe.sh            # SHAPE=qwen3-30b-a3b TYPE=q4_k REPS=2 ROUNDS=2 THREADS=2 PARALLEL=16
 #   REPORT_ONLY=1 scripts/bench_moe.sh   # rewrite the report from the last run's raw files
 #
 # Measured: pp512 and tg128 for one sequence (llama-bench against `flint bench latency`), the
@@ -12,6 +12,8 @@
 # throughput`), each program's peak RSS (GNU time), this machine's memory bandwidth
 # (scripts/membw.c) and the bytes a token reads (`flint inspect`), for the decode's share of the
 # bandwidth ceiling. llama.cpp is built as scripts/bench_vs_llamacpp.sh builds it (same cache).
+# The pairs alternate for ROUNDS rounds (llama.cpp, flint, llama.cpp, flint, ...): this host's
+# bandwidth moves with its neighbours' load, so the report gives each round's ratio and their median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -19,6 +21,7 @@ WORK=${WORK:-$ROOT/target/llamacpp}
 SHAPE=${SHAPE:-qwen3-30b-a3b}
 TYPE=${TYPE:-q4_k}
 REPS=${REPS:-2}
+ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 PARALLEL=${PARALLEL:-16}
 MODEL=${MODEL:-$WORK/models/$SHAPE-$TYPE/model-$TYPE.gguf}
@@ -53,25 +56,31 @@ else
   # command line (paths relative to the repository).
   run() {
     local name=$1; shift
-    CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")")
+    # Each command once in the list (later rounds repeat round 1's with their own output file).
+    case $name in *-r[2-9]*) ;; *) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
     echo "== $name: $*" >&2
     /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err"
   }
 
+  # Nothing from an earlier run (with or without rounds) may join this one's report.
+  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss
   run flint-inspect "$F" inspect --model "$MODEL"
-  rm -f "$RAW/membw.txt" "$RAW/membw-end.txt"
   if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
     run membw env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
   fi
-  run llama-bench "$B/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r "$REPS" -o json
-  # flint's KV cache at 16 bits, as llama.cpp's default f16 cache: the same bytes per token (its
-  # `auto` is f32, twice that, which 16 sequences' 4,096 tokens would put into the peak RSS).
-  run flint-latency "$F" bench latency --model "$MODEL" --prompt-len 512 --gen-len 128 --reps "$REPS" \
-    --kv-cache-dtype bf16 --json "$RAW/flint-latency.json"
-  run llama-batched "$B/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
-    -npp 128 -ntg 128 -npl "$PARALLEL" --output-format jsonl
-  run flint-parallel "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
-    --output-len 128 --max-num-seqs "$PARALLEL" --kv-cache-dtype bf16
+  for i in $(seq 1 "$ROUNDS"); do
+    run "llama-bench-r$i" "$B/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r "$REPS" -o json
+    # flint's KV cache at 16 bits, as llama.cpp's default f16 cache: the same bytes per token (its
+    # `auto` is f32, twice that, which 16 sequences' 4,096 tokens would put into the peak RSS).
+    run "flint-latency-r$i" "$F" bench latency --model "$MODEL" --prompt-len 512 --gen-len 128 --reps "$REPS" \
+      --kv-cache-dtype bf16 --json "$RAW/flint-latency-r$i.json"
+  done
+  for i in $(seq 1 "$ROUNDS"); do
+    run "llama-batched-r$i" "$B/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
+      -npp 128 -ntg 128 -npl "$PARALLEL" --output-format jsonl
+    run "flint-parallel-r$i" "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
+      --output-len 128 --max-num-seqs "$PARALLEL" --kv-cache-dtype bf16
+  done
   # Bandwidth again at the end: on a shared host it moves with the neighbours' load (33 to 62 GB/s
   # huge-page read best within minutes on one Zen 4), so the bounds take the better of the two.
   if [ -x "$WORK/membw" ]; then
@@ -94,32 +103,51 @@ CPU
 fi
 
 python3 - "$RAW" "$OUT" "$SHAPE" "$TYPE" "$THREADS" "$REPS" "$PARALLEL" "$COMMIT" "$MODEL" "${CMDS[@]}" <<'PY'
-import datetime, json, os, re, sys
+import datetime, json, os, re, statistics, sys
 raw, out, shape, ty, threads, reps, par, commit, model = sys.argv[1:10]
 cmds = sys.argv[10:]
 def read(name):
     p = os.path.join(raw, name)
     return open(p).read() if os.path.exists(p) else ""
 def rss_gb(name):
-    m = re.search(r"maxrss_kb=(\d+)", read(name + ".rss"))
-    return int(m.group(1)) * 1024 / 1e9 if m else None
-def llama(kind):
-    for r in json.loads(read("llama-bench.txt") or "[]"):
+    # The largest over the rounds (and an unnumbered file from a run before the rounds).
+    kb = [int(m.group(1)) for s in set(sfx + [""]) if (m := re.search(r"maxrss_kb=(\d+)", read(name + s + ".rss")))]
+    return max(kb) * 1024 / 1e9 if kb else None
+# The rounds that ran (files `<name>-r<i>.*`; a run from before the rounds has one, unnumbered).
+rounds = sorted(int(m.group(1)) for f in os.listdir(raw) if (m := re.fullmatch(r"llama-bench-r(\d+)\.txt", f)))
+sfx = [f"-r{i}" for i in rounds] or [""]
+def llama_round(kind, s):
+    for r in json.loads(read(f"llama-bench{s}.txt") or "[]"):
         if kind == "pp" and r.get("n_prompt") == 512 and r.get("n_gen") == 0:
             return r["avg_ts"], r["stddev_ts"]
         if kind == "tg" and r.get("n_gen") == 128 and r.get("n_prompt") == 0:
             return r["avg_ts"], r["stddev_ts"]
     return None
-def flint(kind):
-    p = os.path.join(raw, "flint-latency.json")
+def flint_round(kind, s):
+    p = os.path.join(raw, f"flint-latency{s}.json")
     if not os.path.exists(p):
         return None
     v = json.load(open(p))[kind]
     return v["mean"], v["sd"]
+def pooled(vals):
+    # The mean of the rounds' means, and the spread of those means (0 for one round).
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    means = [v[0] for v in vals]
+    return statistics.mean(means), (statistics.stdev(means) if len(means) > 1 else vals[0][1])
+def llama(kind):
+    return pooled(llama_round(kind, s) for s in sfx)
+def flint(kind):
+    return pooled(flint_round(kind, s) for s in sfx)
 def fmt(x):
     return "–" if x is None else f"{x[0]:.2f} ± {x[1]:.2f}"
-def ratio(a, b):
-    return "–" if a is None or b is None or b[0] == 0 else f"{a[0] / b[0]:.2f}"
+def ratio_of(get_flint, get_llama):
+    # The median over the rounds of flint / llama.cpp within a round (each round one pair, back to back).
+    rs = [f[0] / l[0] for s in sfx if (f := get_flint(s)) and (l := get_llama(s)) and l[0]]
+    return statistics.median(rs) if rs else None
+def rfmt(r):
+    return "–" if r is None else f"{r:.2f}"
 run_date = datetime.date.fromtimestamp(os.path.getmtime(os.path.join(raw, "flint-inspect.txt")))
 cpu = read("cpu.txt").strip() or next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 file_gb = os.path.getsize(model) / 1e9
@@ -139,29 +167,54 @@ lines = [
     "(`--kv-cache-dtype bf16`), 2 bytes a value each. Ratio = flint / llama.cpp (≥ 1.00: flint ahead). "
     "The machine is shared and noisy; both ran back to back in this one run.",
     "",
-    f"## Single stream (tokens/s, mean ± sd over {reps} repetitions)",
+    f"## Single stream (tokens/s)",
+    "",
+    f"{len(sfx)} round(s), llama.cpp then flint in each, {reps} repetitions a program and round. Figures: the "
+    "mean of the rounds' means ± the spread of those means (one round: ± the sd of its repetitions); ratio: the "
+    "median of the rounds' own ratios.",
     "",
     "| | llama.cpp | flint | ratio |",
     "|---|---:|---:|---:|",
-    f"| pp512 | {fmt(llama('pp'))} | {fmt(flint('pp'))} | {ratio(flint('pp'), llama('pp'))} |",
-    f"| tg128 | {fmt(llama('tg'))} | {fmt(flint('tg'))} | {ratio(flint('tg'), llama('tg'))} |",
+    f"| pp512 | {fmt(llama('pp'))} | {fmt(flint('pp'))} | {rfmt(ratio_of(lambda s: flint_round('pp', s), lambda s: llama_round('pp', s)))} |",
+    f"| tg128 | {fmt(llama('tg'))} | {fmt(flint('tg'))} | {rfmt(ratio_of(lambda s: flint_round('tg', s), lambda s: llama_round('tg', s)))} |",
     "",
 ]
-l = None
-for line in read("llama-batched.txt").splitlines():
-    try:
-        r = json.loads(line)
-    except Exception:
-        continue
-    if r.get("pl") == int(par):
-        l = r.get("speed_tg")
-m = re.search(r"decode phase ([0-9.]+) tok/s", read("flint-parallel.txt"))
-f = float(m.group(1)) if m else None
+if len(sfx) > 1:
+    lines += ["| round | llama.cpp pp512 | flint pp512 | ratio | llama.cpp tg128 | flint tg128 | ratio |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for n, s in enumerate(sfx, 1):
+        cells = []
+        for kind in ("pp", "tg"):
+            lr, fr = llama_round(kind, s), flint_round(kind, s)
+            cells += [fmt(lr), fmt(fr), rfmt(fr[0] / lr[0] if lr and fr and lr[0] else None)]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
+def batched_round(s):
+    v = None
+    for line in read(f"llama-batched{s}.txt").splitlines():
+        try:
+            r = json.loads(line)
+        except Exception:
+            continue
+        if r.get("pl") == int(par):
+            v = r.get("speed_tg")
+    return (v, 0.0) if v else None
+def parallel_round(s):
+    m = re.search(r"decode phase ([0-9.]+) tok/s", read(f"flint-parallel{s}.txt"))
+    return (float(m.group(1)), 0.0) if m else None
+lp, fp = pooled(batched_round(s) for s in sfx), pooled(parallel_round(s) for s in sfx)
+l, f = (lp[0] if lp else None), (fp[0] if fp else None)
 lines += [f"## {par} parallel sequences (aggregate decode tokens/s; 128-token prompts, 128 tokens each)", "",
-          "| llama-batched-bench S_TG | flint decode phase | ratio |", "|---:|---:|---:|",
-          f"| {'–' if l is None else f'{l:.2f}'} | {'–' if f is None else f'{f:.2f}'} | "
-          f"{'–' if not (l and f) else f'{f / l:.2f}'} |", ""]
-lines += ["## Peak memory (GNU time, maximum resident set)", "",
+          "| round | llama-batched-bench S_TG | flint decode phase | ratio |", "|---|---:|---:|---:|"]
+for n, s in enumerate(sfx, 1):
+    lr, fr = batched_round(s), parallel_round(s)
+    lines.append(f"| {n} | {'–' if lr is None else f'{lr[0]:.2f}'} | {'–' if fr is None else f'{fr[0]:.2f}'} | "
+                 f"{rfmt(fr[0] / lr[0] if lr and fr else None)} |")
+if len(sfx) > 1:
+    lines.append(f"| mean / median ratio | {'–' if l is None else f'{l:.2f}'} | {'–' if f is None else f'{f:.2f}'} | "
+                 f"{rfmt(ratio_of(parallel_round, batched_round))} |")
+lines.append("")
+lines += ["## Peak memory (GNU time, maximum resident set; the largest of the rounds)", "",
           "| program | peak RSS | of the file |", "|---|---:|---:|"]
 for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint-latency", "flint bench latency"),
                     ("llama-batched", "llama-batched-bench"), ("flint-parallel", "flint bench throughput")]:
