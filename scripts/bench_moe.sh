@@ -56,8 +56,9 @@ else
   # command line (paths relative to the repository).
   run() {
     local name=$1; shift
-    # Each command once in the list (later rounds repeat round 1's with their own output file).
-    case $name in *-r[2-9]*) ;; *) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
+    # Each command once in the list: round 1's (later rounds repeat it with their own output file)
+    # and those outside the rounds (their names do not end in a digit).
+    case $name in *-r1 | *[!0-9]) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
     echo "== $name: $*" >&2
     /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err"
   }
@@ -65,7 +66,9 @@ else
   # Nothing from an earlier run (with or without rounds) may join this one's report.
   rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss
   run flint-inspect "$F" inspect --model "$MODEL"
+  MEMBW=0
   if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
+    MEMBW=1
     run membw env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
   fi
   for i in $(seq 1 "$ROUNDS"); do
@@ -83,7 +86,7 @@ else
   done
   # Bandwidth again at the end: on a shared host it moves with the neighbours' load (33 to 62 GB/s
   # huge-page read best within minutes on one Zen 4), so the bounds take the better of the two.
-  if [ -x "$WORK/membw" ]; then
+  if [ "$MEMBW" = 1 ]; then
     run membw-end env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
   fi
   printf "%s\n" "${CMDS[@]}" > "$RAW/commands.txt"
@@ -104,18 +107,19 @@ fi
 
 python3 - "$RAW" "$OUT" "$SHAPE" "$TYPE" "$THREADS" "$REPS" "$PARALLEL" "$COMMIT" "$MODEL" "${CMDS[@]}" <<'PY'
 import datetime, json, os, re, statistics, sys
+from functools import partial
 raw, out, shape, ty, threads, reps, par, commit, model = sys.argv[1:10]
 cmds = sys.argv[10:]
 def read(name):
     p = os.path.join(raw, name)
     return open(p).read() if os.path.exists(p) else ""
-def rss_gb(name):
-    # The largest over the rounds (and an unnumbered file from a run before the rounds).
-    kb = [int(m.group(1)) for s in set(sfx + [""]) if (m := re.search(r"maxrss_kb=(\d+)", read(name + s + ".rss")))]
-    return max(kb) * 1024 / 1e9 if kb else None
 # The rounds that ran (files `<name>-r<i>.*`; a run from before the rounds has one, unnumbered).
 rounds = sorted(int(m.group(1)) for f in os.listdir(raw) if (m := re.fullmatch(r"llama-bench-r(\d+)\.txt", f)))
 sfx = [f"-r{i}" for i in rounds] or [""]
+def rss_gb(name):
+    # The largest over the rounds.
+    kb = [int(m.group(1)) for s in sfx if (m := re.search(r"maxrss_kb=(\d+)", read(name + s + ".rss")))]
+    return max(kb) * 1024 / 1e9 if kb else None
 def llama_round(kind, s):
     for r in json.loads(read(f"llama-bench{s}.txt") or "[]"):
         if kind == "pp" and r.get("n_prompt") == 512 and r.get("n_gen") == 0:
@@ -175,8 +179,8 @@ lines = [
     "",
     "| | llama.cpp | flint | ratio |",
     "|---|---:|---:|---:|",
-    f"| pp512 | {fmt(llama('pp'))} | {fmt(flint('pp'))} | {rfmt(ratio_of(lambda s: flint_round('pp', s), lambda s: llama_round('pp', s)))} |",
-    f"| tg128 | {fmt(llama('tg'))} | {fmt(flint('tg'))} | {rfmt(ratio_of(lambda s: flint_round('tg', s), lambda s: llama_round('tg', s)))} |",
+    f"| pp512 | {fmt(llama('pp'))} | {fmt(flint('pp'))} | {rfmt(ratio_of(partial(flint_round, 'pp'), partial(llama_round, 'pp')))} |",
+    f"| tg128 | {fmt(llama('tg'))} | {fmt(flint('tg'))} | {rfmt(ratio_of(partial(flint_round, 'tg'), partial(llama_round, 'tg')))} |",
     "",
 ]
 if len(sfx) > 1:
