@@ -134,7 +134,8 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
         }
         let base = panel.as_ptr().add(format.block_at(b));
         prefetch_ahead(base, pb);
-        // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale).
+        // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale), and
+        // the Q4 formats their high nibbles for a few rows (below).
         // They start at the negated offset terms (`x·stored − offset·Σx` = `x·w`, exactly), so
         // nothing is subtracted after the dot products.
         let (mut ia, mut ib) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
