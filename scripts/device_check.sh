@@ -188,5 +188,7 @@ case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
   all) shift; build && run "$@" ;;
-  *) echo "usage: $0 build | run [OUT_DIR] | all [OUT_DIR]" >&2; exit 2 ;;
+  # docs/benchmarks-cuda.md from the folders of one or more `run` calls (fetched back here).
+  report) shift; python3 scripts/cuda_report.py "$@" >docs/benchmarks-cuda.md && log "wrote docs/benchmarks-cuda.md" ;;
+  *) echo "usage: $0 build | run [OUT_DIR] | all [OUT_DIR] | report OUT_DIR..." >&2; exit 2 ;;
 esac
