@@ -33,7 +33,8 @@ impl AmxStatus {
         match self {
             AmxStatus::Absent => "no AMX on this CPU",
             AmxStatus::Refused => "AMX present but the kernel refused tile permission (arch_prctl): AMX off",
-            AmxStatus::Usable { bf16: true } => "AMX-INT8 and AMX-BF16 tiles in use",
+            // The int8 matmul is flint's only tile kernel; AMX-BF16 is reported, not used.
+            AmxStatus::Usable { bf16: true } => "AMX-INT8 tiles in use; the CPU has AMX-BF16 too",
             AmxStatus::Usable { bf16: false } => "AMX-INT8 tiles in use",
         }
     }

@@ -3,11 +3,20 @@
 //! The levels are ordered, each including everything below it, so a kernel takes its widest path
 //! at or below [`Isa::detected`], and a test forces a lower path by passing a lower level.
 //! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`, `amx`/`native`) caps the level below
-//! what the CPU has, to measure or work around a path (`avx512bf16` turns AMX off). Every level gives the same bits but one:
+//! what the CPU has, to measure or work around a path. AMX is opt-in (`amx`/`native`): unset, the
+//! cap is [`DEFAULT_CAP`] (see there why). Every level gives the same bits but one:
 //! [`Isa::Avx512Bf16`] allows bf16 weights to be computed in bf16 dot products (activations
 //! rounded to bf16); below it they are always computed in exact f32 products.
 
 use std::sync::OnceLock;
+
+/// The level used when `FLINT_CPU_ISA` is unset or empty: everything but AMX. The AMX int8 path
+/// is exact but slow. It was first measured on real tiles on a Sapphire Rapids-class Xeon
+/// (2 threads, synthesized qwen2.5-0.5b, 2 alternated rounds), where pp512 ran at 19–22 tok/s
+/// with AMX against 354–466 with AVX-512 VNNI (q8_0 and q4_0 GGUFs). The likely cost (not yet
+/// profiled there): each 32-input tile product is stored and folded by scalar code, 256 calls
+/// per block. Until the tile path beats VNNI on such a CPU, the tiles run only when asked for.
+pub const DEFAULT_CAP: Isa = Isa::Avx512Bf16;
 
 /// An x86 vector-extension level (see the module docs). A kernel that has no path of its own
 /// for a level takes its widest one below it.
@@ -32,12 +41,12 @@ pub enum Isa {
 
 impl Isa {
     /// What the kernels use in this process: the highest level the CPU has, capped by
-    /// `FLINT_CPU_ISA` (an unreadable value caps nothing; the CLI refuses it before any kernel
-    /// runs). Detected on the first call.
+    /// `FLINT_CPU_ISA`, else by [`DEFAULT_CAP`] (an unreadable value gives the default; the CLI
+    /// refuses it before any kernel runs). Detected on the first call.
     pub fn detected() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
-            let cap = std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(Isa::Amx);
+            let cap = std::env::var("FLINT_CPU_ISA").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CAP);
             Isa::of_cpu().min(cap)
         })
     }
@@ -82,7 +91,7 @@ impl Isa {
 }
 
 /// `FLINT_CPU_ISA`'s values. `avx512` caps below the bf16 dot products only: VNNI, which changes
-/// no bits, stays where the CPU has it.
+/// no bits, stays where the CPU has it. Empty is the default, [`DEFAULT_CAP`].
 impl std::str::FromStr for Isa {
     type Err = String;
 
@@ -92,7 +101,8 @@ impl std::str::FromStr for Isa {
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512Vnni),
             "avx512bf16" => Ok(Isa::Avx512Bf16),
-            "amx" | "native" | "" => Ok(Isa::Amx),
+            "amx" | "native" => Ok(Isa::Amx),
+            "" => Ok(DEFAULT_CAP),
             other => {
                 Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512, avx512bf16 or amx)"))
             }
@@ -109,6 +119,9 @@ mod tests {
         assert_eq!("AVX2".parse::<Isa>(), Ok(Isa::Avx2));
         assert_eq!("scalar".parse::<Isa>(), Ok(Isa::Scalar));
         assert_eq!("native".parse::<Isa>(), Ok(Isa::Amx));
+        assert_eq!("amx".parse::<Isa>(), Ok(Isa::Amx), "AMX only when asked for");
+        assert_eq!("".parse::<Isa>(), Ok(super::DEFAULT_CAP));
+        assert!(super::DEFAULT_CAP < Isa::Amx, "AMX is opt-in");
         assert_eq!("avx512bf16".parse::<Isa>(), Ok(Isa::Avx512Bf16), "avx512bf16 turns AMX off");
         assert_eq!("avx512".parse::<Isa>(), Ok(Isa::Avx512Vnni), "avx512 keeps VNNI, drops BF16");
         assert!("sse9".parse::<Isa>().unwrap_err().contains("sse9"));

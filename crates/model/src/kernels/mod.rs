@@ -16,12 +16,17 @@ pub mod rowwise;
 pub use isa::Isa;
 
 /// The start-up line about the CPU paths: the instruction-set level the kernels use and what
-/// became of AMX (absent, refused by the kernel, in use, or capped off by `FLINT_CPU_ISA`).
+/// became of AMX (absent, refused by the kernel, in use, or off: by default or by `FLINT_CPU_ISA`).
 pub fn describe() -> String {
     let isa = Isa::detected();
     let amx = amx::status();
     let capped = matches!(amx, amx::AmxStatus::Usable { .. }) && isa < Isa::Amx;
-    let amx = if capped { "AMX capped off by FLINT_CPU_ISA" } else { amx.describe() };
+    let asked = std::env::var("FLINT_CPU_ISA").is_ok_and(|v| !v.is_empty());
+    let amx = match (capped, asked) {
+        (true, true) => "AMX capped off by FLINT_CPU_ISA",
+        (true, false) => "AMX present, off by default: slower than VNNI so far; FLINT_CPU_ISA=amx turns it on",
+        (false, _) => amx.describe(),
+    };
     format!("CPU kernels: {isa:?} ({amx})")
 }
 
