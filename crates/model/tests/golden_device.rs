@@ -81,7 +81,7 @@ fn full_vocab_bf16_checkpoint() {
 ///   f16 scale and f16 block sum are taken from the unrounded values, and subtract q4_0's offset of
 ///   8 through that sum: each activation's rounding error is multiplied by the unsigned nibble
 ///   (RMS 8.8 over 0..15) instead of the signed weight (RMS 4.6), and the f16 scale's rounding
-///   lands on the whole offset term. [`gguf_weights_exact_on_the_gpu`] shows the weights
+///   lands on the whole offset term. `gguf_weights_exact_on_the_gpu` shows the weights
 ///   themselves are placed right.
 fn gguf_tol(ty: &str) -> f32 {
     if ty == "q4_0" && !device().is_cpu() {
@@ -104,29 +104,27 @@ fn gguf_block_quantized_weights() {
 /// On a GPU, the same GGUFs through candle's dequantizing kernels (f32 weights, f32 activations:
 /// `set_force_dmmv`) meet the f32 tolerance: what the quantized kernels add over it is their
 /// activation rounding alone, not a misplaced block, scale or offset. The switch is process-wide
-/// and restored after; `scripts/device_check.sh` runs this binary on one test thread. On the CPU
-/// there is nothing to switch, and the test returns.
+/// and restored after; `scripts/device_check.sh` runs this binary on one test thread. Built only
+/// with the `cuda` feature; on the CPU there is nothing to switch, and it returns.
+#[cfg(feature = "cuda")]
 #[test]
 fn gguf_weights_exact_on_the_gpu() {
     if device().is_cpu() {
         return;
     }
-    #[cfg(feature = "cuda")]
-    {
-        struct Restore;
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                candle_core::quantized::cuda::set_force_dmmv(false);
-            }
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            candle_core::quantized::cuda::set_force_dmmv(false);
         }
-        let _restore = Restore;
-        candle_core::quantized::cuda::set_force_dmmv(true);
-        let dir = fixtures().join("small-gguf");
-        for ty in ["q8_0", "q4_0"] {
-            let model = load(&dir.join(format!("model-{ty}.gguf")), DType::F32);
-            let r = Reference::load(&dir.join(format!("reference-{ty}.safetensors")));
-            check(&format!("gguf {ty}, dequantizing kernels"), &model, &r, f32_tol());
-        }
+    }
+    let _restore = Restore;
+    candle_core::quantized::cuda::set_force_dmmv(true);
+    let dir = fixtures().join("small-gguf");
+    for ty in ["q8_0", "q4_0"] {
+        let model = load(&dir.join(format!("model-{ty}.gguf")), DType::F32);
+        let r = Reference::load(&dir.join(format!("reference-{ty}.safetensors")));
+        check(&format!("gguf {ty}, dequantizing kernels"), &model, &r, f32_tol());
     }
 }
 
