@@ -13,9 +13,10 @@ use std::sync::OnceLock;
 /// The level used when `FLINT_CPU_ISA` is unset or empty: everything but AMX. The AMX int8 path
 /// is exact but slow. It was first measured on real tiles on a Sapphire Rapids-class Xeon
 /// (2 threads, synthesized qwen2.5-0.5b, 2 alternated rounds), where pp512 ran at 19–22 tok/s
-/// with AMX against 354–466 with AVX-512 VNNI (q8_0 and q4_0 GGUFs). The likely cost (not yet
-/// profiled there): each 32-input tile product is stored and folded by scalar code, 256 calls
-/// per block. Until the tile path beats VNNI on such a CPU, the tiles run only when asked for.
+/// with AMX against 354–466 with AVX-512 VNNI (q8_0 and q4_0 GGUFs). The likely cost (not
+/// profiled there): each 32-input tile product was folded by scalar code, 256 calls per block;
+/// the fold has been vectorised since, unmeasured on tiles. Until the tile path is measured
+/// ahead of VNNI on such a CPU (`scripts/amx_check.sh`), the tiles run only when asked for.
 pub const DEFAULT_CAP: Isa = Isa::Avx512Bf16;
 
 /// An x86 vector-extension level (see the module docs). A kernel that has no path of its own

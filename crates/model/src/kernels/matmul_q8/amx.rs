@@ -9,9 +9,12 @@
 //! one `[m][in]` array for the A tiles.
 //!
 //! Per panel block the tile computes the exact integer sums of up to 16 rows × 16 columns
-//! (Q6_K: of each 16-input half, its scales cover 16 inputs), and [`fold`](super::fold) folds them
-//! in block order with the same f32 operations as every other path: the same bits as scalar, VNNI
-//! and AVX2, for any number of rows and any grouping of them.
+//! (Q6_K: of each 16-input half, its scales cover 16 inputs), and they are folded in block order
+//! with the same f32 operations as every other path ([`fold`](super::fold)'s, 16 columns per
+//! AVX-512 instruction): the same bits as scalar, VNNI and AVX2, for any number of rows and any
+//! grouping of them. On a Sapphire Rapids-class Xeon this path, with the fold then one value at a
+//! time, ran pp512 about 20× slower than VNNI, so it runs only under `FLINT_CPU_ISA=amx`
+//! (`isa::DEFAULT_CAP`); the vectorised fold is unmeasured there.
 
 use std::mem::MaybeUninit;
 
@@ -132,12 +135,102 @@ fn tile_generic<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; M
                 t.dot(ab, inp, bt.as_ptr(), QK, &mut lo);
             }
         }
-        for (r, row) in rows.iter().enumerate() {
-            for c in 0..COLS {
-                let isum = if f == Format::Q6_K { [lo[r][c], hi[r][c]] } else { [lo[r][c], 0] };
-                fold(f, panel, b, c, isum, row, &mut acc[r][c]);
-            }
+        fold_block(f, panel, b, rows, &lo, &hi, acc);
+    }
+}
+
+/// Block `b`'s integer sums of every row (`lo`, and Q6_K's second half in `hi`) folded into
+/// `acc`: with AVX-512 (every AMX CPU has it) 16 columns at a time, in the same f32 operations
+/// as [`fold`] and the VNNI tile; else value by value through [`fold`].
+#[inline(always)]
+fn fold_block(
+    f: Format,
+    panel: &[u8],
+    b: usize,
+    rows: &[QuantRow],
+    lo: &[[i32; 16]; MAX_ROWS],
+    hi: &[[i32; 16]; MAX_ROWS],
+    acc: &mut [[f32; COLS]; MAX_ROWS],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx512.available() {
+        // SAFETY: AVX-512 F is available; `panel` holds block `b` and its super-block's header.
+        return unsafe { fold_block_avx512(f, panel, b, rows, lo, hi, acc) };
+    }
+    for (r, row) in rows.iter().enumerate() {
+        for c in 0..COLS {
+            let isum = if f == Format::Q6_K { [lo[r][c], hi[r][c]] } else { [lo[r][c], 0] };
+            fold(f, panel, b, c, isum, row, &mut acc[r][c]);
         }
+    }
+}
+
+/// [`fold`] for 16 columns per instruction: the scales are read once per block instead of once
+/// per row and column, and each lane does [`fold`]'s operations in its order (the VNNI tile's
+/// fold, on sums read from the stored C tile).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fold_block_avx512(
+    f: Format,
+    panel: &[u8],
+    b: usize,
+    rows: &[QuantRow],
+    lo: &[[i32; 16]; MAX_ROWS],
+    hi: &[[i32; 16]; MAX_ROWS],
+    acc: &mut [[f32; COLS]; MAX_ROWS],
+) {
+    use std::arch::x86_64::*;
+    let (head, meta) = (f.header_at(b), f.block_at(b) + f.values());
+    assert!(meta + 2 * COLS <= panel.len() && head + 4 * COLS <= panel.len(), "amx fold: block inside the panel");
+    // SAFETY (every load below): `meta` has the block's 32 bytes of scales after it and `head` the
+    // super-block's 64 (Q4_K) or 32 (Q6_K) bytes of f16 scales, inside `panel` (checked above);
+    // `lo`, `hi` and `acc` rows are 16 values each.
+    let p = panel.as_ptr();
+    let sums = |v: &[i32; 16]| unsafe { _mm512_loadu_si512(v.as_ptr().cast()) };
+    let f16x16 = |at: usize| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at).cast())) };
+    let bytes = |at: usize| unsafe { _mm_loadu_si128(p.add(at).cast()) };
+    // The weight side of the scale, once per block: Q8_0/Q4_0 `dw`; Q4_K `sc · d` and `m · −dmin`
+    // (−dmin exactly: a sign flip, as `-dmin` in `fold`); Q6_K `sc · d` of each 16-input half.
+    let (w0, w1) = match f {
+        Format::Q8_0 | Format::Q4_0 => (f16x16(meta), _mm512_setzero_ps()),
+        Format::Q4_K => {
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(meta)));
+            let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(meta + COLS)));
+            let dmin = _mm512_castps_si512(f16x16(head + 2 * COLS));
+            let nmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, _mm512_set1_epi32(i32::MIN)));
+            (_mm512_mul_ps(sc, f16x16(head)), _mm512_mul_ps(m, nmin))
+        }
+        Format::Q6_K => {
+            let d = f16x16(head);
+            let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(meta)));
+            let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(meta + COLS)));
+            (_mm512_mul_ps(s0, d), _mm512_mul_ps(s1, d))
+        }
+    };
+    for (r, row) in rows.iter().enumerate() {
+        let (x, sum, half) = (row.d[b], row.sum[b], row.half[b]);
+        let xs = _mm512_set1_ps(x);
+        let a = unsafe { _mm512_loadu_ps(acc[r].as_ptr()) };
+        let a = match f {
+            // e = isum − offset·Σx; a += e · (dw · dx)
+            Format::Q8_0 | Format::Q4_0 => {
+                let e = _mm512_sub_epi32(sums(&lo[r]), _mm512_set1_epi32(f.offset() * sum));
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), _mm512_mul_ps(w0, xs), a)
+            }
+            // a += isum · ((sc · d) · dx); a += (m · −dmin) · (dx · Σx)
+            Format::Q4_K => {
+                let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums(&lo[r])), _mm512_mul_ps(w0, xs), a);
+                _mm512_fmadd_ps(w1, _mm512_set1_ps(x * sum as f32), a)
+            }
+            // Per half: e = isum − 32·Σx(half); a += e · ((sc · d) · dx)
+            Format::Q6_K => {
+                let e0 = _mm512_sub_epi32(sums(&lo[r]), _mm512_set1_epi32(32 * half));
+                let e1 = _mm512_sub_epi32(sums(&hi[r]), _mm512_set1_epi32(32 * (sum - half)));
+                let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e0), _mm512_mul_ps(w0, xs), a);
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(e1), _mm512_mul_ps(w1, xs), a)
+            }
+        };
+        unsafe { _mm512_storeu_ps(acc[r].as_mut_ptr(), a) };
     }
 }
 
