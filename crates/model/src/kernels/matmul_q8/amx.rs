@@ -97,27 +97,30 @@ struct RowGroup<'a> {
     panel: &'a [u8],
 }
 
-/// [`tile_generic`], compiled with FMA where the CPU has AVX-512 (every AMX CPU does): the
-/// fold's `mul_add`s are then instructions, not calls into libm.
+/// [`tile_generic`] with the AVX-512 fold where the CPU has AVX-512 (every AMX CPU does), else
+/// with [`fold`] value by value; the choice is made once per tile, not per block.
 fn tile<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::Isa::Avx512.available() {
         // SAFETY: AVX-512 F/BW and FMA are available (every AVX-512 CPU has FMA).
-        return unsafe { tile_fma(t, g, acc) };
+        return unsafe { tile_avx512(t, g, acc) };
     }
-    tile_generic(t, g, acc)
+    tile_generic(t, g, acc, false)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,fma")]
-unsafe fn tile_fma<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
-    tile_generic(t, g, acc)
+unsafe fn tile_avx512<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
+    tile_generic(t, g, acc, true)
 }
 
-/// `acc[r][c]`: column `c` of the group's panel for its row `r`.
+/// `acc[r][c]`: column `c` of the group's panel for its row `r`; `avx512` (set only by
+/// [`tile_avx512`]) folds each block with [`fold_block_avx512`].
 #[inline(always)]
-fn tile_generic<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS]) {
+fn tile_generic<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; MAX_ROWS], avx512: bool) {
     let RowGroup { w, rows, a, inp, panel } = *g;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx512; // only x86 has the AVX-512 fold
     let (m, f) = (rows.len(), w.format);
     assert!(m <= MAX_ROWS && a.len() >= (m - 1) * inp + inp, "amx tile: rows and values");
     let mut scratch = [0u8; B_BYTES];
@@ -135,32 +138,17 @@ fn tile_generic<T: Int8Tiles>(t: &mut T, g: &RowGroup, acc: &mut [[f32; COLS]; M
                 t.dot(ab, inp, bt.as_ptr(), QK, &mut lo);
             }
         }
-        fold_block(f, panel, b, rows, &lo, &hi, acc);
-    }
-}
-
-/// Block `b`'s integer sums of every row (`lo`, and Q6_K's second half in `hi`) folded into
-/// `acc`: with AVX-512 (every AMX CPU has it) 16 columns at a time, in the same f32 operations
-/// as [`fold`] and the VNNI tile; else value by value through [`fold`].
-#[inline(always)]
-fn fold_block(
-    f: Format,
-    panel: &[u8],
-    b: usize,
-    rows: &[QuantRow],
-    lo: &[[i32; 16]; MAX_ROWS],
-    hi: &[[i32; 16]; MAX_ROWS],
-    acc: &mut [[f32; COLS]; MAX_ROWS],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::Isa::Avx512.available() {
-        // SAFETY: AVX-512 F is available; `panel` holds block `b` and its super-block's header.
-        return unsafe { fold_block_avx512(f, panel, b, rows, lo, hi, acc) };
-    }
-    for (r, row) in rows.iter().enumerate() {
-        for c in 0..COLS {
-            let isum = if f == Format::Q6_K { [lo[r][c], hi[r][c]] } else { [lo[r][c], 0] };
-            fold(f, panel, b, c, isum, row, &mut acc[r][c]);
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: `avx512` is set only inside `tile_avx512`, which runs with AVX-512 F.
+            unsafe { fold_block_avx512(f, panel, b, rows, &lo, &hi, acc) };
+            continue;
+        }
+        for (r, row) in rows.iter().enumerate() {
+            for c in 0..COLS {
+                let isum = if f == Format::Q6_K { [lo[r][c], hi[r][c]] } else { [lo[r][c], 0] };
+                fold(f, panel, b, c, isum, row, &mut acc[r][c]);
+            }
         }
     }
 }
