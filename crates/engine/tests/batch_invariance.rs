@@ -193,6 +193,25 @@ fn bf16_dot_products_are_batch_invariant() {
     assert_ne!(dot, exact, "bf16 dot products gave the exact path's bits");
 }
 
+/// The same on AMX-BF16 tiles, whose order of sums differs from `vdpbf16ps`'s: every row count
+/// runs on the tiles (the hardware with AMX-BF16 and `FLINT_CPU_ISA=amx`, else the emulation),
+/// so a row's bits cannot depend on its batch.
+#[test]
+fn bf16_tile_products_are_batch_invariant() {
+    let setup = Setup {
+        model_dir: fixture().join("../full-vocab-bf16"),
+        tokenizer: Arc::new(Tokenizer::builtin_qwen().unwrap()),
+        bf16: Some(Bf16Compute::Tiles),
+        device_pool: false,
+    };
+    let hw = flint_model::kernels::amx_bf16::hardware_available() && flint_model::kernels::Isa::AmxBf16.available();
+    eprintln!("bf16 tile products via {}", if hw { "AMX-BF16" } else { "the scalar emulation" });
+    let tiles = invariant_for(&setup, KvCacheDtype::Int8);
+    let dot =
+        run_with(&mut Setup { bf16: Some(Bf16Compute::Dot), ..setup }.core(KvCacheDtype::Int8, 4096, 512), 0, None);
+    assert_ne!(tiles, dot, "tile products gave the dot products' bits");
+}
+
 /// Every family beside Qwen2 (the golden fixtures of `scripts/golden_families.py`: Qwen3's head
 /// norms, Llama 3's scaled RoPE, Mistral's 64-token window, which the longer requests here
 /// cross, and the mixtures of experts, whose expert groups change with every batch) keeps the

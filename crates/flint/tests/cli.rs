@@ -278,7 +278,7 @@ fn every_cpu_isa_generates_the_same_tokens() {
     assert!(native.status.success(), "{}", stderr(&native));
     assert!(!native.stdout.is_empty());
     // `amx` runs the tiles where the CPU has them (whatever it has otherwise).
-    for isa in ["amx", "avx512bf16", "avx2", "scalar"] {
+    for isa in ["amx", "amx-bf16", "avx512bf16", "avx2", "scalar"] {
         let o = run(isa);
         assert!(o.status.success(), "{isa}: {}", stderr(&o));
         assert_eq!(o.stdout, native.stdout, "{isa} must generate what the widest path does");

@@ -39,6 +39,9 @@ fn main() {
         let best = (0..5).map(|_| unsafe { peak_dp(2_000_000) }).fold(0f64, f64::max);
         println!("vdpbf16ps peak, one core: {best:.1} GFLOP/s");
     }
+    if dtype == "bf16" {
+        println!("bf16 weights: {}", Bf16Compute::native());
+    }
     let mut total_flop = 0.0;
     let mut total_s = 0.0;
     for (name, out, inp) in SHAPES {

@@ -137,9 +137,9 @@ impl Linear {
     /// [`rowwise::silu_mul`](crate::kernels::rowwise::silu_mul).
     pub fn forward_gated(x: &Tensor, gate: &Linear, up: &Linear) -> Result<Option<Vec<f32>>> {
         if let (Linear::Packed { w: g, b: None }, Linear::Packed { w: u, b: None }) = (gate, up) {
-            let dot = Some(Bf16Compute::Dot);
             let same = (g.in_features(), g.out_features()) == (u.in_features(), u.out_features());
-            if !(same && g.bf16_compute() == dot && u.bf16_compute() == dot) {
+            let paired = matches!(g.bf16_compute(), Some(Bf16Compute::Dot | Bf16Compute::Tiles));
+            if !(same && paired && g.bf16_compute() == u.bf16_compute()) {
                 return Ok(None);
             }
             // Both bf16 pair panels of one shape, as checked just above, so the kernel takes them

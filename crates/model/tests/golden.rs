@@ -104,6 +104,23 @@ fn full_vocab_bf16_dot_products_stay_close() {
     assert_within("full-vocab-bf16 dot paged", &run_reference_on(&model, &r, 2.0 * BF16_DOT_TOL, true), BF16_DOT_TOL);
 }
 
+/// The same on AMX-BF16 tiles (`tdpbf16ps`'s order of sums: per 32 inputs, the even and the odd
+/// products in two chains, then added), held to the dot products' tolerance: the hardware where
+/// the process has AMX-BF16 and `FLINT_CPU_ISA=amx`, else its bit-exact emulation.
+#[test]
+fn full_vocab_bf16_tile_products_stay_close() {
+    let dir = fixtures().join("full-vocab-bf16");
+    let model = with_bf16_compute(Bf16Compute::Tiles, || load(&dir));
+    assert_eq!(model.bf16_compute(), Some(Bf16Compute::Tiles));
+    let hw = flint_model::kernels::amx_bf16::hardware_available() && flint_model::kernels::Isa::AmxBf16.available();
+    eprintln!("bf16 tile products via {}", if hw { "AMX-BF16" } else { "the scalar emulation" });
+    let r = Reference::load(&dir.join("reference.safetensors"));
+    let o = run_reference(&model, &r, 2.0 * BF16_DOT_TOL);
+    assert_within("full-vocab-bf16 tiles", &o, BF16_DOT_TOL);
+    assert!(o.prefill_max > 1e-4, "the activations were not rounded: {o:?}");
+    assert_within("full-vocab-bf16 tiles paged", &run_reference_on(&model, &r, 2.0 * BF16_DOT_TOL, true), BF16_DOT_TOL);
+}
+
 /// Several sequences in one batch, each prefilled in uneven chunks interleaved with the others,
 /// give the same logits as the reference (paging and batching must not change the numbers).
 #[test]

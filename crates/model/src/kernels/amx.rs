@@ -3,7 +3,8 @@
 //! activations times unsigned int8 weights in the VNNI layout, exact int32 sums), in two
 //! implementations with the same results: the hardware's, and an emulation that runs anywhere.
 //! The kernels drive both through [`Int8Tiles`], so everything but the instructions themselves
-//! (layouts, unpacking, block order, the f32 fold) is tested on every CPU.
+//! (layouts, unpacking, block order, the f32 fold) is tested on every CPU. The bf16 tiles are
+//! [`super::amx_bf16`]'s.
 //!
 //! **Permission.** Linux (≥ 5.16) hands out the 8 KiB of tile state per process on request:
 //! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` before the first tile instruction,
@@ -33,9 +34,9 @@ impl AmxStatus {
         match self {
             AmxStatus::Absent => "no AMX on this CPU",
             AmxStatus::Refused => "AMX present but the kernel refused tile permission (arch_prctl): AMX off",
-            // The int8 matmul is flint's only tile kernel; AMX-BF16 is reported, not used.
-            AmxStatus::Usable { bf16: true } => "AMX-INT8 tiles in use; the CPU has AMX-BF16 too",
-            AmxStatus::Usable { bf16: false } => "AMX-INT8 tiles in use",
+            // Which tiles run is the ISA level's choice (`kernels::describe` says it).
+            AmxStatus::Usable { bf16: true } => "AMX-INT8 and AMX-BF16 usable",
+            AmxStatus::Usable { bf16: false } => "AMX-INT8 usable",
         }
     }
 }
@@ -144,12 +145,29 @@ pub struct HardwareTiles {
 /// `ldtilecfg`'s operand: palette 1, per tile its bytes per row and its rows; everything else 0.
 #[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
-struct TileConfig {
+pub(crate) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
+    pub(crate) colsb: [u16; 16],
+    pub(crate) rows: [u8; 16],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileConfig {
+    /// Palette 1 with every tile unconfigured.
+    pub(crate) fn new() -> Self {
+        TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] }
+    }
+
+    /// `ldtilecfg` (which also zeroes every tile).
+    ///
+    /// # Safety
+    /// [`status`] said the tiles are usable; the shapes are within palette 1's (16 rows, 64 bytes).
+    pub(crate) unsafe fn load(&self) {
+        // SAFETY: the caller's contract; the configuration is 64-byte aligned, reserved bytes 0.
+        unsafe { std::arch::asm!("ldtilecfg [{0}]", in(reg) self as *const TileConfig, options(nostack, readonly)) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -157,10 +175,8 @@ impl HardwareTiles {
     /// `None` unless [`status`] says the tiles are usable. Tile state belongs to the thread:
     /// create one per task (it is not `Send`), and drop it to release the tiles.
     pub fn new() -> Option<Self> {
-        matches!(status(), AmxStatus::Usable { .. }).then(|| Self {
-            cfg: TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] },
-            _not_send: std::marker::PhantomData,
-        })
+        matches!(status(), AmxStatus::Usable { .. })
+            .then(|| Self { cfg: TileConfig::new(), _not_send: std::marker::PhantomData })
     }
 }
 
@@ -183,11 +199,8 @@ impl Int8Tiles for HardwareTiles {
         // tmm2/tmm5: C (m rows of 16 int32).
         (c.rows[0], c.colsb[0], c.rows[1], c.colsb[1], c.rows[2], c.colsb[2]) = (m, 32, 8, 64, m, 64);
         (c.rows[3], c.colsb[3], c.rows[4], c.colsb[4], c.rows[5], c.colsb[5]) = (m, 16, 4, 64, m, 64);
-        // SAFETY: `new` checked AMX is usable and permitted; the configuration is 64-byte
-        // aligned, palette 1, within palette 1's limits (16 rows, 64 bytes), reserved bytes 0.
-        unsafe {
-            std::arch::asm!("ldtilecfg [{0}]", in(reg) &self.cfg as *const TileConfig, options(nostack, readonly))
-        }
+        // SAFETY: `new` checked AMX is usable and permitted; the shapes are within palette 1's.
+        unsafe { self.cfg.load() }
     }
 
     unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]) {

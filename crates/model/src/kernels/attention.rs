@@ -340,7 +340,7 @@ impl Totals {
         match path {
             // SAFETY: the AVX2 and AVX-512 paths are only chosen where AVX2 and FMA exist.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Avx512Bf16 | Isa::AmxBf16 | Isa::Amx => unsafe {
                 self.fold_fma(r, m, l, o)
             },
             _ => self.fold(r, m, l, o),
@@ -474,7 +474,7 @@ fn segment(rows: &Rows, b0: usize, b1: usize, st: &mut SegState, path: Isa) {
         Isa::Avx512 => unsafe { x86::segment(rows, b0, b1, st, false) },
         // SAFETY: as above, and AVX-512 VNNI is there.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Avx512Bf16 | Isa::Amx => unsafe { x86::segment(rows, b0, b1, st, true) },
+        Isa::Avx512Vnni | Isa::Avx512Bf16 | Isa::AmxBf16 | Isa::Amx => unsafe { x86::segment(rows, b0, b1, st, true) },
         // SAFETY: as above, AVX2 and FMA are there.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { Portable::segment_avx2(rows, b0, b1, st) },

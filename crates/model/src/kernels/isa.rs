@@ -2,22 +2,23 @@
 //!
 //! The levels are ordered, each including everything below it, so a kernel takes its widest path
 //! at or below [`Isa::detected`], and a test forces a lower path by passing a lower level.
-//! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`, `amx`/`native`) caps the level below
-//! what the CPU has, to measure or work around a path. AMX is opt-in (`amx`/`native`): unset, the
-//! cap is [`DEFAULT_CAP`] (see there why). Every level gives the same bits but one:
-//! [`Isa::Avx512Bf16`] allows bf16 weights to be computed in bf16 dot products (activations
-//! rounded to bf16); below it they are always computed in exact f32 products.
+//! `FLINT_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512bf16`, `amx-bf16`, `amx`/`native`) caps
+//! the level below what the CPU has, to measure or work around a path. Unset, the cap is
+//! [`DEFAULT_CAP`]: AMX-BF16 tiles, not AMX-INT8 (see there why). Every level gives the same bits
+//! but two: [`Isa::Avx512Bf16`] allows bf16 weights to be computed in bf16 dot products
+//! (activations rounded to bf16), [`Isa::AmxBf16`] in bf16 tile products (the same rounding,
+//! the tiles' order of sums); below them they are always computed in exact f32 products.
 
 use std::sync::OnceLock;
 
-/// The level used when `FLINT_CPU_ISA` is unset or empty: everything but AMX. The AMX int8 path
-/// is exact but slow. It was first measured on real tiles on a Sapphire Rapids-class Xeon
-/// (2 threads, synthesized qwen2.5-0.5b, 2 alternated rounds), where pp512 ran at 19–22 tok/s
-/// with AMX against 354–466 with AVX-512 VNNI (q8_0 and q4_0 GGUFs). The likely cost (not
-/// profiled there): each 32-input tile product was folded by scalar code, 256 calls per block;
-/// the fold has been vectorised since, unmeasured on tiles. Until the tile path is measured
-/// ahead of VNNI on such a CPU (`scripts/amx_check.sh`), the tiles run only when asked for.
-pub const DEFAULT_CAP: Isa = Isa::Avx512Bf16;
+/// The level used when `FLINT_CPU_ISA` is unset or empty: everything but the AMX int8 path, which
+/// is exact but slower than VNNI. Measured on real tiles on a Sapphire Rapids-class Xeon (2
+/// threads, synthesized qwen2.5-0.5b, 2 alternated rounds, `scripts/amx_check.sh`): pp512 of
+/// q8_0 / q4_0 GGUFs ran at 346–386 tok/s with AMX-INT8 against 509–599 with VNNI (each 32
+/// inputs' tile product is stored and folded in f32 by AVX-512; before that fold was vectorised,
+/// 19–22). The bf16 tiles, whose f32 sums stay in the tiles, ran bf16 pp512 at 664–736 tok/s
+/// against 271–275 for the f32 products that the default picked there, so they are on.
+pub const DEFAULT_CAP: Isa = Isa::AmxBf16;
 
 /// An x86 vector-extension level (see the module docs). A kernel that has no path of its own
 /// for a level takes its widest one below it.
@@ -34,9 +35,12 @@ pub enum Isa {
     /// AVX-512 BF16 (`vdpbf16ps`): bf16 dot products. Every CPU that has it has VNNI too, and
     /// it is counted only with VNNI.
     Avx512Bf16,
-    /// Intel AMX tiles (`tdpbsud`), usable by this process (the kernel granted the tile state;
-    /// see [`super::amx`]), on top of AVX-512 BF16 (every AMX CPU has it). The int8 matmul of two
-    /// or more rows runs on them, with the same bits as every other path.
+    /// Intel AMX tiles usable by this process (the kernel granted the tile state; see
+    /// [`super::amx`]), on top of AVX-512 BF16 (every AMX CPU has it): AMX-BF16's `tdpbf16ps`
+    /// for bf16 weights ([`super::amx_bf16`]), where the CPU has AMX-BF16; int8 stays on VNNI.
+    AmxBf16,
+    /// AMX-INT8's `tdpbsud` too: the int8 matmul of two or more rows runs on tiles, with the
+    /// same bits as every other path (opt-in, see [`DEFAULT_CAP`]).
     Amx,
 }
 
@@ -102,11 +106,12 @@ impl std::str::FromStr for Isa {
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512Vnni),
             "avx512bf16" => Ok(Isa::Avx512Bf16),
+            "amx-bf16" | "amx_bf16" | "amxbf16" => Ok(Isa::AmxBf16),
             "amx" | "native" => Ok(Isa::Amx),
             "" => Ok(DEFAULT_CAP),
-            other => {
-                Err(format!("unknown instruction set {other:?} (expected scalar, avx2, avx512, avx512bf16 or amx)"))
-            }
+            other => Err(format!(
+                "unknown instruction set {other:?} (expected scalar, avx2, avx512, avx512bf16, amx-bf16 or amx)"
+            )),
         }
     }
 }
@@ -122,12 +127,13 @@ mod tests {
         assert_eq!("native".parse::<Isa>(), Ok(Isa::Amx));
         assert_eq!("amx".parse::<Isa>(), Ok(Isa::Amx), "AMX only when asked for");
         assert_eq!("".parse::<Isa>(), Ok(super::DEFAULT_CAP));
-        assert!(super::DEFAULT_CAP < Isa::Amx, "AMX is opt-in");
+        assert_eq!("amx-bf16".parse::<Isa>(), Ok(Isa::AmxBf16));
+        assert_eq!(super::DEFAULT_CAP, Isa::AmxBf16, "AMX-BF16 by default, AMX-INT8 opt-in");
         assert_eq!("avx512bf16".parse::<Isa>(), Ok(Isa::Avx512Bf16), "avx512bf16 turns AMX off");
         assert_eq!("avx512".parse::<Isa>(), Ok(Isa::Avx512Vnni), "avx512 keeps VNNI, drops BF16");
         assert!("sse9".parse::<Isa>().unwrap_err().contains("sse9"));
         assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512 && Isa::Avx512 < Isa::Avx512Vnni);
-        assert!(Isa::Avx512Vnni < Isa::Avx512Bf16 && Isa::Avx512Bf16 < Isa::Amx);
+        assert!(Isa::Avx512Vnni < Isa::Avx512Bf16 && Isa::Avx512Bf16 < Isa::AmxBf16 && Isa::AmxBf16 < Isa::Amx);
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //!
 //! Weights are packed as `[out/16][in/2][16][2]`: one 64-byte line per k-pair of a 16-column
 //! panel, the operand layout the instruction wants. An odd `in` is padded with a zero column.
+//!
+//! The same panels feed AMX-BF16's `tdpbf16ps` ([`run_tiles_many`], `amx`), whose order of sums
+//! is its own (see [`super::amx_bf16`]): a weight packed for tiles runs on tiles (or their
+//! emulation) for every row count, never on `vdpbf16ps`.
 
 use std::mem::MaybeUninit;
 
@@ -61,19 +65,24 @@ pub(crate) fn index_in_panel(k: usize, c: usize) -> usize {
 /// `[m][in/2]`; an odd `inp` gets a zero partner. AVX-512 rounds 16 values per step, with the
 /// same bits as [`round_to_bf16`].
 fn round_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<u32> {
-    let kp = pairs(inp);
+    round_rows_padded(isa, x, m, inp, pairs(inp))
+}
+
+/// [`round_rows`] with `stride` ≥ `pairs(inp)` pairs per row, the pairs past the row's zero.
+fn round_rows_padded(isa: Isa, x: &[f32], m: usize, inp: usize, stride: usize) -> Vec<u32> {
+    assert!(stride >= pairs(inp), "rounded row stride");
     // Not zero-filled first (megabytes per call in a prefill): every half is written below.
-    let mut out: Vec<u32> = Vec::with_capacity(m * kp);
-    for (row, dst) in x.chunks_exact(inp).zip(out.spare_capacity_mut().chunks_exact_mut(kp)) {
+    let mut out: Vec<u32> = Vec::with_capacity(m * stride);
+    for (row, dst) in x.chunks_exact(inp).zip(out.spare_capacity_mut().chunks_exact_mut(stride)) {
         // SAFETY: `u16` has a smaller alignment than `u32` and two of them fill one exactly;
         // little-endian, the first (even k) is the low half, as the pair layout wants.
-        let halves = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<MaybeUninit<u16>>(), 2 * kp) };
+        let halves = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<MaybeUninit<u16>>(), 2 * stride) };
         round_row(isa, row, &mut halves[..inp]);
-        // An odd width's zero partner.
+        // An odd width's zero partner, and the padding.
         halves[inp..].fill(MaybeUninit::new(0));
     }
-    // SAFETY: each of the `m` rows wrote all `2 · kp` halves of its `kp` values just above.
-    unsafe { out.set_len(m * kp) };
+    // SAFETY: each of the `m` rows wrote all `2 · stride` halves of its `stride` values above.
+    unsafe { out.set_len(m * stride) };
     out
 }
 
@@ -92,7 +101,7 @@ fn round_row(isa: Isa, src: &[f32], dst: &mut [MaybeUninit<u16>]) {
 
 /// bf16 bits as f32, a subnormal read as a zero of its sign (the instruction's DAZ).
 #[inline(always)]
-fn widen_daz(bits: u16) -> f32 {
+pub(crate) fn widen_daz(bits: u16) -> f32 {
     let v = f32::from_bits((bits as u32) << 16);
     if v.is_subnormal() {
         f32::from_bits((bits as u32 & 0x8000) << 16)
@@ -114,7 +123,7 @@ fn flush(v: f32) -> f32 {
 /// `w·x + acc` with one rounding, as `vdpbf16ps` adds each product: a result that is tiny after
 /// rounding to 24 bits with an unbounded exponent is flushed to a zero of its sign.
 #[inline(always)]
-fn fma_ftz(w: f32, x: f32, acc: f32) -> f32 {
+pub(crate) fn fma_ftz(w: f32, x: f32, acc: f32) -> f32 {
     let r = w.mul_add(x, acc);
     if r.abs() != f32::MIN_POSITIVE {
         // Normal and above the smallest normal: IEEE rounding is the unbounded one. Subnormal
@@ -325,6 +334,55 @@ fn tile_scalar(x: &[u32], rows: usize, kp: usize, panel: &[u16], acc: &mut [[f32
     }
 }
 
+/// [`run_many`] on AMX-BF16 tiles (`tdpbf16ps`'s order of sums, see [`super::amx_bf16`]): the
+/// hardware where `isa` allows [`Isa::AmxBf16`] and the CPU has it, else the emulation (the
+/// same bits, slowly). Every row count takes this path for a weight packed for tiles, so a
+/// row's bits do not depend on its batch.
+pub(crate) fn run_tiles_many(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    ws: &[(&[u16], usize)],
+    inp: usize,
+    ys: &mut [&mut [MaybeUninit<f32>]],
+) {
+    check_shapes(x, m, ws, inp, ys);
+    let hardware = isa.or_scalar() >= Isa::AmxBf16;
+    amx::run_many(&|| super::amx_bf16::Bf16TileUnit::new(hardware), isa, x, m, ws, inp, ys)
+}
+
+/// [`run_gated`] on tiles, as [`run_tiles_many`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_tiles_gated(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    gate: &[u16],
+    up: &[u16],
+    out: usize,
+    inp: usize,
+    y: &mut [MaybeUninit<f32>],
+) {
+    check_shapes(x, m, &[(gate, out), (up, out)], inp, &mut []);
+    assert_eq!(y.len(), m * out, "matmul output length");
+    let hardware = isa.or_scalar() >= Isa::AmxBf16;
+    amx::run_gated(&|| super::amx_bf16::Bf16TileUnit::new(hardware), isa, x, m, gate, up, out, inp, y)
+}
+
+/// The shapes every entry point checks: `x` is `[m, inp]`, each pair panel and each output
+/// (where given) matches its `out`.
+fn check_shapes(x: &[f32], m: usize, ws: &[(&[u16], usize)], inp: usize, ys: &mut [&mut [MaybeUninit<f32>]]) {
+    assert_eq!(x.len(), m * inp, "matmul input length");
+    assert!(ys.is_empty() || ws.len() == ys.len(), "bf16 matmul: one output per matrix");
+    for (j, &(w, out)) in ws.iter().enumerate() {
+        assert_eq!(w.len(), out.div_ceil(PANEL) * pairs(inp) * STEP, "packed weight length");
+        if let Some(y) = ys.get(j) {
+            assert_eq!(y.len(), m * out, "matmul output length");
+        }
+    }
+}
+
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -41,6 +41,8 @@ enum PanelData {
     Bf16(HugeBuf<u16>),
     /// bf16 bit patterns in [`matmul_bf16`]'s `[out/16][in/2][16][2]`, for bf16 dot products.
     Bf16Pairs(HugeBuf<u16>),
+    /// The same layout, for AMX-BF16 tiles (their order of sums: other bits than `Bf16Pairs`).
+    Bf16Tiles(HugeBuf<u16>),
     /// IEEE half bit patterns, `[out/16][in][16]`, widened to f32 (exactly) for the products.
     F16(HugeBuf<u16>),
 }
@@ -52,6 +54,7 @@ enum PanelData {
 pub enum Bf16Compute {
     WidenF32,
     Dot,
+    Tiles,
 }
 
 /// The dot path must beat the FMA rate by this much to be chosen: it also rounds activations.
@@ -68,9 +71,12 @@ impl Bf16Compute {
         *CHOICE.get_or_init(|| {
             let forced = std::env::var("FLINT_BF16_COMPUTE").ok().and_then(|v| v.parse::<Bf16Compute>().ok());
             let has = matmul_bf16::simd_available();
+            let tiles = Isa::AmxBf16.available() && super::amx_bf16::hardware_available();
             match forced {
                 Some(Bf16Compute::Dot) if has => Bf16Compute::Dot,
+                Some(Bf16Compute::Tiles) if tiles => Bf16Compute::Tiles,
                 Some(_) => Bf16Compute::WidenF32,
+                None if tiles => Bf16Compute::Tiles,
                 None if matmul_bf16::dot_speedup().is_some_and(|s| s >= DOT_MIN_SPEEDUP) => Bf16Compute::Dot,
                 None => Bf16Compute::WidenF32,
             }
@@ -85,7 +91,8 @@ impl std::str::FromStr for Bf16Compute {
         match s.to_ascii_lowercase().as_str() {
             "dot" | "bf16" => Ok(Bf16Compute::Dot),
             "f32" => Ok(Bf16Compute::WidenF32),
-            other => Err(format!("unknown bf16 compute {other:?} (expected dot or f32)")),
+            "tiles" | "amx" => Ok(Bf16Compute::Tiles),
+            other => Err(format!("unknown bf16 compute {other:?} (expected dot, tiles or f32)")),
         }
     }
 }
@@ -95,6 +102,7 @@ impl std::fmt::Display for Bf16Compute {
         f.write_str(match self {
             Bf16Compute::WidenF32 => "f32 products (exact)",
             Bf16Compute::Dot => "bf16 dot products (AVX-512 BF16, activations rounded to bf16)",
+            Bf16Compute::Tiles => "bf16 tile products (AMX-BF16, activations rounded to bf16)",
         })
     }
 }
@@ -170,6 +178,7 @@ impl PackedF32 {
         let data = match compute {
             Bf16Compute::WidenF32 => PanelData::Bf16(to_panels(w, out, inp)),
             Bf16Compute::Dot => PanelData::Bf16Pairs(matmul_bf16::to_pair_panels(w, out, inp)),
+            Bf16Compute::Tiles => PanelData::Bf16Tiles(matmul_bf16::to_pair_panels(w, out, inp)),
         };
         Self { out, inp, data }
     }
@@ -186,6 +195,7 @@ impl PackedF32 {
             PanelData::F32(_) | PanelData::F16(_) => None,
             PanelData::Bf16(_) => Some(Bf16Compute::WidenF32),
             PanelData::Bf16Pairs(_) => Some(Bf16Compute::Dot),
+            PanelData::Bf16Tiles(_) => Some(Bf16Compute::Tiles),
         }
     }
 
@@ -196,7 +206,7 @@ impl PackedF32 {
             PanelData::F32(v) => Panel::F32(&v[span]),
             PanelData::Bf16(v) => Panel::Bf16(&v[span]),
             PanelData::F16(v) => Panel::F16(&v[span]),
-            PanelData::Bf16Pairs(_) => unreachable!("pair panels are read by matmul_bf16"),
+            PanelData::Bf16Pairs(_) | PanelData::Bf16Tiles(_) => unreachable!("pair panels are read by matmul_bf16"),
         }
     }
 
@@ -210,7 +220,7 @@ impl PackedF32 {
 
     /// Row `o` of the original matrix (an embedding lookup from a tied lm_head).
     pub fn row(&self, o: usize, dst: &mut [f32]) {
-        if let PanelData::Bf16Pairs(v) = &self.data {
+        if let PanelData::Bf16Pairs(v) | PanelData::Bf16Tiles(v) = &self.data {
             let base = (o / PANEL) * matmul_bf16::pairs(self.inp) * 2 * PANEL;
             for (k, d) in dst.iter_mut().enumerate().take(self.inp) {
                 *d = bf16_to_f32(v[base + matmul_bf16::index_in_panel(k, o % PANEL)]);
@@ -236,32 +246,44 @@ pub fn matmul_uninit(x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f3
 
 /// Several weights of one input width applied to the same `x` (a layer's q/k/v, or its gate/up),
 /// into uninitialised `ys[j]` (`[m][ws[j].out]`), every value written, each with exactly the bits
-/// [`matmul`] gives it alone. bf16 weights packed for [`Bf16Compute::Dot`] share one rounding of
-/// the rows and one parallel region; any other mix runs one call per weight.
+/// [`matmul`] gives it alone. bf16 weights all packed for [`Bf16Compute::Dot`] (or all for
+/// [`Bf16Compute::Tiles`]) share one rounding of the rows and one parallel region; any other mix
+/// runs one call per weight.
 pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedF32], ys: &mut [&mut [MaybeUninit<f32>]]) {
     assert_eq!(ws.len(), ys.len(), "matmul: one output per weight");
     let inp = ws.first().map_or(0, |w| w.inp);
+    let tiles = ws.first().is_some_and(|w| matches!(w.data, PanelData::Bf16Tiles(_)));
     let pairs: Option<Vec<(&[u16], usize)>> = ws
         .iter()
         .map(|w| match &w.data {
-            PanelData::Bf16Pairs(p) if w.inp == inp => Some((&p[..], w.out)),
+            PanelData::Bf16Pairs(p) if w.inp == inp && !tiles => Some((&p[..], w.out)),
+            PanelData::Bf16Tiles(p) if w.inp == inp && tiles => Some((&p[..], w.out)),
             _ => None,
         })
         .collect();
     match pairs {
+        Some(pairs) if tiles => matmul_bf16::run_tiles_many(Isa::detected(), x, m, &pairs, inp, ys),
         Some(pairs) => matmul_bf16::run_many(Isa::detected(), x, m, &pairs, inp, ys),
         None => ws.iter().zip(ys.iter_mut()).for_each(|(w, y)| run(Isa::detected(), x, m, w, y)),
     }
 }
 
 /// `silu(x·gateᵀ) · (x·upᵀ)` into uninitialised `y` `[m][out]` in one pass
-/// ([`matmul_bf16::run_gated`]) when both are bf16 weights of one shape packed for
-/// [`Bf16Compute::Dot`]; `false` (nothing written) otherwise. The bits are those of [`matmul`]
-/// for each followed by [`rowwise::silu_mul`](super::rowwise::silu_mul).
+/// ([`matmul_bf16::run_gated`], [`matmul_bf16::run_tiles_gated`]) when both are bf16 weights of
+/// one shape packed for [`Bf16Compute::Dot`], or both for [`Bf16Compute::Tiles`]; `false`
+/// (nothing written) otherwise. The bits are those of [`matmul`] for each followed by
+/// [`rowwise::silu_mul`](super::rowwise::silu_mul).
 pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedF32, up: &PackedF32, y: &mut [MaybeUninit<f32>]) -> bool {
+    if (gate.out, gate.inp) != (up.out, up.inp) {
+        return false;
+    }
     match (&gate.data, &up.data) {
-        (PanelData::Bf16Pairs(g), PanelData::Bf16Pairs(u)) if (gate.out, gate.inp) == (up.out, up.inp) => {
+        (PanelData::Bf16Pairs(g), PanelData::Bf16Pairs(u)) => {
             matmul_bf16::run_gated(Isa::detected(), x, m, g, u, gate.out, gate.inp, y);
+            true
+        }
+        (PanelData::Bf16Tiles(g), PanelData::Bf16Tiles(u)) => {
+            matmul_bf16::run_tiles_gated(Isa::detected(), x, m, g, u, gate.out, gate.inp, y);
             true
         }
         _ => false,
@@ -275,8 +297,12 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
 }
 
 fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
-    if let PanelData::Bf16Pairs(panels) = &w.data {
-        return matmul_bf16::run(isa, x, m, panels, w.out, w.inp, y);
+    match &w.data {
+        PanelData::Bf16Pairs(panels) => return matmul_bf16::run(isa, x, m, panels, w.out, w.inp, y),
+        PanelData::Bf16Tiles(panels) => {
+            return matmul_bf16::run_tiles_many(isa, x, m, &[(panels, w.out)], w.inp, &mut [y]);
+        }
+        _ => {}
     }
     // AVX-512 is the widest path this kernel has.
     let isa = isa.or_scalar().min(Isa::Avx512);

@@ -397,7 +397,7 @@ fn quantize_row_scalar(x: &[f32]) -> QuantRow {
 fn path(isa: Isa) -> Isa {
     match isa.or_scalar() {
         Isa::Amx => Isa::Amx,
-        Isa::Avx512Vnni | Isa::Avx512Bf16 => Isa::Avx512Vnni,
+        Isa::Avx512Vnni | Isa::Avx512Bf16 | Isa::AmxBf16 => Isa::Avx512Vnni,
         Isa::Avx2 | Isa::Avx512 => Isa::Avx2,
         Isa::Scalar => Isa::Scalar,
     }

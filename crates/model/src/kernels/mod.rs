@@ -2,6 +2,7 @@
 //! (see each module for how) and tested against a plain reference.
 
 pub mod amx;
+pub mod amx_bf16;
 pub mod argmax;
 pub mod attention;
 pub mod huge_buf;
@@ -16,16 +17,24 @@ pub mod rowwise;
 pub use isa::Isa;
 
 /// The start-up line about the CPU paths: the instruction-set level the kernels use and what
-/// became of AMX (absent, refused by the kernel, in use, or off: by default or by `FLINT_CPU_ISA`).
+/// became of AMX (absent, refused by the kernel, which tiles are in use, or off: by default or by
+/// `FLINT_CPU_ISA`).
 pub fn describe() -> String {
     let isa = Isa::detected();
-    let amx = amx::status();
-    let capped = matches!(amx, amx::AmxStatus::Usable { .. }) && isa < Isa::Amx;
     let asked = std::env::var("FLINT_CPU_ISA").is_ok_and(|v| !v.is_empty());
-    let amx = match (capped, asked) {
-        (true, true) => "AMX capped off by FLINT_CPU_ISA",
-        (true, false) => "AMX present, off by default: slower than VNNI so far; FLINT_CPU_ISA=amx turns it on",
-        (false, _) => amx.describe(),
+    let int8_off = if asked {
+        "AMX-INT8 capped off by FLINT_CPU_ISA"
+    } else {
+        "AMX-INT8 off by default: slower than VNNI so far; FLINT_CPU_ISA=amx turns it on"
+    };
+    let amx = match amx::status() {
+        amx::AmxStatus::Usable { .. } if isa < Isa::AmxBf16 => "AMX capped off by FLINT_CPU_ISA".to_string(),
+        amx::AmxStatus::Usable { bf16 } => {
+            let bf16 = if bf16 { "AMX-BF16 tiles for bf16 weights" } else { "no AMX-BF16 on this CPU" };
+            let int8 = if isa >= Isa::Amx { "AMX-INT8 tiles for int8 weights" } else { int8_off };
+            format!("{bf16}; {int8}")
+        }
+        other => other.describe().to_string(),
     };
     format!("CPU kernels: {isa:?} ({amx})")
 }

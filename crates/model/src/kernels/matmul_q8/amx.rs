@@ -12,9 +12,10 @@
 //! (Q6_K: of each 16-input half, its scales cover 16 inputs), and they are folded in block order
 //! with the same f32 operations as every other path ([`fold`](super::fold)'s, 16 columns per
 //! AVX-512 instruction): the same bits as scalar, VNNI and AVX2, for any number of rows and any
-//! grouping of them. On a Sapphire Rapids-class Xeon this path, with the fold then one value at a
-//! time, ran pp512 about 20× slower than VNNI, so it runs only under `FLINT_CPU_ISA=amx`
-//! (`isa::DEFAULT_CAP`); the vectorised fold is unmeasured there.
+//! grouping of them. On a Sapphire Rapids-class Xeon this path ran pp512 about 20× slower than
+//! VNNI with the fold one value at a time, and at 0.6–0.7× VNNI with it vectorised: the tile
+//! store and the f32 fold per 32 inputs cost more than the tile product saves. So it runs only
+//! under `FLINT_CPU_ISA=amx` (`isa::DEFAULT_CAP`).
 
 use std::mem::MaybeUninit;
 
