@@ -139,6 +139,8 @@ impl Int8Tiles for EmulatedTiles {
 #[cfg(target_arch = "x86_64")]
 pub struct HardwareTiles {
     cfg: TileConfig,
+    /// The row count `cfg` was last loaded for (0: never).
+    configured: usize,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -175,8 +177,11 @@ impl HardwareTiles {
     /// `None` unless [`status`] says the tiles are usable. Tile state belongs to the thread:
     /// create one per task (it is not `Send`), and drop it to release the tiles.
     pub fn new() -> Option<Self> {
-        matches!(status(), AmxStatus::Usable { .. })
-            .then(|| Self { cfg: TileConfig::new(), _not_send: std::marker::PhantomData })
+        matches!(status(), AmxStatus::Usable { .. }).then(|| Self {
+            cfg: TileConfig::new(),
+            configured: 0,
+            _not_send: std::marker::PhantomData,
+        })
     }
 }
 
@@ -194,6 +199,11 @@ impl Drop for HardwareTiles {
 impl Int8Tiles for HardwareTiles {
     fn configure(&mut self, m: usize) {
         let m = m.clamp(1, MAX_ROWS) as u8;
+        // `ldtilecfg` costs far more than a tile product; `dot` zeroes its C tile itself.
+        if self.configured == m as usize {
+            return;
+        }
+        self.configured = m as usize;
         let c = &mut self.cfg;
         // tmm0/tmm3: A (K = 32 / 16 bytes per row); tmm1/tmm4: B (8 / 4 rows of 64 bytes);
         // tmm2/tmm5: C (m rows of 16 int32).

@@ -237,15 +237,17 @@ pub(super) fn run<T: Int8Tiles>(
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let (w, mut t) = (ws[j], new_tiles());
         let panel_bytes = w.format.panel_bytes(inp / QK);
-        for_row_groups(&mut t, m, |t, r0, r1| {
-            for p in p0..p1 {
-                let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+        // Panels outside, row groups inside: a panel stays in cache for every row, and the
+        // weights stream from memory once per call.
+        for p in p0..p1 {
+            let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+            for_row_groups(&mut t, m, |t, r0, r1| {
                 let mut acc = [[0f32; COLS]; MAX_ROWS];
                 let g = RowGroup { w, rows: &rows[r0..r1], a: &a[r0 * inp..r1 * inp], inp, panel };
                 tile(t, &g, &mut acc);
                 put(stripe, r0, r1, p - p0, &acc);
-            }
-        });
+            });
+        }
     });
 }
 
@@ -263,9 +265,9 @@ pub(super) fn gated<T: Int8Tiles>(
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
     by_panel_stripes_many(m, &[gate.out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
         let mut t = new_tiles();
-        for_row_groups(&mut t, m, |t, r0, r1| {
-            for p in p0..p1 {
-                let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
+        for p in p0..p1 {
+            let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
+            for_row_groups(&mut t, m, |t, r0, r1| {
                 let (mut g, mut u) = ([[0f32; COLS]; MAX_ROWS], [[0f32; COLS]; MAX_ROWS]);
                 let (rs, ar) = (&rows[r0..r1], &a[r0 * inp..r1 * inp]);
                 tile(t, &RowGroup { w: gate, rows: rs, a: ar, inp, panel: gp }, &mut g);
@@ -275,12 +277,13 @@ pub(super) fn gated<T: Int8Tiles>(
                     crate::kernels::rowwise::silu_mul_row(g, u, &mut o);
                     stripe.put(r0 + i, p - p0, &o);
                 }
-            }
-        });
+            });
+        }
     });
 }
 
-/// Groups of up to 16 rows, each with the tiles configured for its size.
+/// Groups of up to 16 rows, each with the tiles configured for its size (a configuration is
+/// loaded only when the size changes).
 fn for_row_groups<T: Int8Tiles>(t: &mut T, m: usize, mut each: impl FnMut(&mut T, usize, usize)) {
     for r0 in (0..m).step_by(MAX_ROWS) {
         let r1 = (r0 + MAX_ROWS).min(m);
