@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 /// The level used when `FLINT_CPU_ISA` is unset or empty: everything but the AMX int8 path, which
 /// is exact but slower than VNNI. Measured on real tiles on a Sapphire Rapids-class Xeon (2
 /// threads, synthesized qwen2.5-0.5b, 2 alternated rounds, `scripts/amx_check.sh`): pp512 of
-/// q8_0 / q4_0 GGUFs ran at 346–386 tok/s with AMX-INT8 against 509–599 with VNNI (each 32
-/// inputs' tile product is stored and folded in f32 by AVX-512; before that fold was vectorised,
-/// 19–22). The bf16 tiles, whose f32 sums stay in the tiles, ran bf16 pp512 at 664–736 tok/s
+/// q8_0 / q4_0 GGUFs ran at 322–386 tok/s with AMX-INT8 against 419–599 with VNNI (before the
+/// fold was vectorised, 19–22; the tile loop then streamed the weights once per 16 rows, which
+/// it no longer does, unmeasured there). The bf16 tiles, whose f32 sums stay in the tiles, ran bf16 pp512 at 664–736 tok/s
 /// against 271–275 for the f32 products that the default picked there, so they are on.
 pub const DEFAULT_CAP: Isa = Isa::AmxBf16;
 

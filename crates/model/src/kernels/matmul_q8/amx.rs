@@ -13,9 +13,10 @@
 //! with the same f32 operations as every other path ([`fold`](super::fold)'s, 16 columns per
 //! AVX-512 instruction): the same bits as scalar, VNNI and AVX2, for any number of rows and any
 //! grouping of them. On a Sapphire Rapids-class Xeon this path ran pp512 about 20× slower than
-//! VNNI with the fold one value at a time, and at 0.6–0.7× VNNI with it vectorised: the tile
-//! store and the f32 fold per 32 inputs cost more than the tile product saves. So it runs only
-//! under `FLINT_CPU_ISA=amx` (`isa::DEFAULT_CAP`).
+//! VNNI with the fold one value at a time, and at 0.6–0.9× VNNI with it vectorised, when row
+//! groups were the outer loop (each 16 rows streamed the weights from memory again; panels are
+//! outside now, as in the VNNI path, unmeasured on tiles). So it runs only under
+//! `FLINT_CPU_ISA=amx` (`isa::DEFAULT_CAP`).
 
 use std::mem::MaybeUninit;
 
