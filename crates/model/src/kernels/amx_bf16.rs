@@ -12,7 +12,7 @@
 //! part. This is not `vdpbf16ps`'s order (one chain per lane, odd product first), so a weight is
 //! computed on tiles for every row count or for none, and tiles give other bits than AVX-512 BF16.
 
-use super::matmul_bf16::{fma_ftz, widen_daz};
+use super::matmul_bf16::{flush, fma_ftz, widen_daz};
 
 /// Rows of A (and C) one block covers: two tiles of 16.
 pub const BLOCK_ROWS: usize = 32;
@@ -52,17 +52,8 @@ pub fn tdp_lane(c: f32, a: &[u32], b: &[u16], n: usize) -> f32 {
     }
     // `x · 1.0 + y` is `x + y` with one rounding (the product is exact).
     let sum = fma_ftz(even, 1.0, odd);
-    fma_ftz(widen_daz_f32(c), 1.0, sum)
-}
-
-/// An f32 accumulator as the instruction reads it: subnormal as a zero of its sign.
-#[inline(always)]
-fn widen_daz_f32(v: f32) -> f32 {
-    if v.is_subnormal() {
-        f32::from_bits(v.to_bits() & 0x8000_0000)
-    } else {
-        v
-    }
+    // A subnormal accumulator is read as zero (DAZ), as `flush` leaves it.
+    fma_ftz(flush(c), 1.0, sum)
 }
 
 /// The reference: [`tdp_lane`] for every row, operand and column.

@@ -112,7 +112,7 @@ pub(crate) fn widen_daz(bits: u16) -> f32 {
 
 /// A subnormal f32 replaced by a zero of its sign (the instruction's FTZ, and DAZ on `acc`).
 #[inline(always)]
-fn flush(v: f32) -> f32 {
+pub(crate) fn flush(v: f32) -> f32 {
     if v.is_subnormal() {
         f32::from_bits(v.to_bits() & 0x8000_0000)
     } else {
@@ -334,53 +334,8 @@ fn tile_scalar(x: &[u32], rows: usize, kp: usize, panel: &[u16], acc: &mut [[f32
     }
 }
 
-/// [`run_many`] on AMX-BF16 tiles (`tdpbf16ps`'s order of sums, see [`super::amx_bf16`]): the
-/// hardware where `isa` allows [`Isa::AmxBf16`] and the CPU has it, else the emulation (the
-/// same bits, slowly). Every row count takes this path for a weight packed for tiles, so a
-/// row's bits do not depend on its batch.
-pub(crate) fn run_tiles_many(
-    isa: Isa,
-    x: &[f32],
-    m: usize,
-    ws: &[(&[u16], usize)],
-    inp: usize,
-    ys: &mut [&mut [MaybeUninit<f32>]],
-) {
-    check_shapes(x, m, ws, inp, ys);
-    let hardware = isa.or_scalar() >= Isa::AmxBf16;
-    amx::run_many(&|| super::amx_bf16::Bf16TileUnit::new(hardware), isa, x, m, ws, inp, ys)
-}
-
-/// [`run_gated`] on tiles, as [`run_tiles_many`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run_tiles_gated(
-    isa: Isa,
-    x: &[f32],
-    m: usize,
-    gate: &[u16],
-    up: &[u16],
-    out: usize,
-    inp: usize,
-    y: &mut [MaybeUninit<f32>],
-) {
-    check_shapes(x, m, &[(gate, out), (up, out)], inp, &mut []);
-    assert_eq!(y.len(), m * out, "matmul output length");
-    let hardware = isa.or_scalar() >= Isa::AmxBf16;
-    amx::run_gated(&|| super::amx_bf16::Bf16TileUnit::new(hardware), isa, x, m, gate, up, out, inp, y)
-}
-
-/// The shapes every entry point checks: `x` is `[m, inp]`, each pair panel and each output
-/// (where given) matches its `out`.
-fn check_shapes(x: &[f32], m: usize, ws: &[(&[u16], usize)], inp: usize, ys: &mut [&mut [MaybeUninit<f32>]]) {
-    assert_eq!(x.len(), m * inp, "matmul input length");
-    assert!(ys.is_empty() || ws.len() == ys.len(), "bf16 matmul: one output per matrix");
-    for (j, &(w, out)) in ws.iter().enumerate() {
-        assert_eq!(w.len(), out.div_ceil(PANEL) * pairs(inp) * STEP, "packed weight length");
-        if let Some(y) = ys.get(j) {
-            assert_eq!(y.len(), m * out, "matmul output length");
-        }
-    }
-}
+// `run_many` and `run_gated` on AMX-BF16 tiles, for weights packed for them.
+pub(crate) use amx::{run_gated as run_tiles_gated, run_many as run_tiles_many};
 
 mod amx;
 #[cfg(target_arch = "x86_64")]

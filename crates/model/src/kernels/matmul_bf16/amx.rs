@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::{pairs, round_rows_padded, PANEL, STEP};
-use crate::kernels::amx_bf16::{Bf16Tiles, Block, BLOCK_ROWS, B_CHUNK, CHUNK_PAIRS};
+use crate::kernels::amx_bf16::{Bf16TileUnit, Bf16Tiles, Block, BLOCK_ROWS, B_CHUNK, CHUNK_PAIRS};
 use crate::kernels::{by_panel_stripes_many, Isa, Stripe};
 
 /// B chunks to prefetch ahead while a block streams its panels from memory: a single-row decode
@@ -95,10 +95,38 @@ fn block<T: Bf16Tiles>(
     t.finish(acc);
 }
 
-/// `ys[j] = round_bf16(x) · Wⱼᵀ` for pair panels `ws` of one input width, on the tiles
-/// `new_tiles` makes (one per task: tile state is per thread).
-pub(super) fn run_many<T: Bf16Tiles>(
-    new_tiles: &(impl Fn() -> T + Sync),
+/// The shapes both entry points check: `x` is `[m, inp]`, each pair panel and each output
+/// (where given) matches its `out`.
+fn check_shapes(x: &[f32], m: usize, ws: &[(&[u16], usize)], inp: usize, ys: &mut [&mut [MaybeUninit<f32>]]) {
+    assert_eq!(x.len(), m * inp, "matmul input length");
+    assert!(ys.is_empty() || ws.len() == ys.len(), "bf16 matmul: one output per matrix");
+    for (j, &(w, out)) in ws.iter().enumerate() {
+        assert_eq!(w.len(), out.div_ceil(PANEL) * pairs(inp) * STEP, "packed weight length");
+        if let Some(y) = ys.get(j) {
+            assert_eq!(y.len(), m * out, "matmul output length");
+        }
+    }
+}
+
+/// The rows rounded to bf16, padded to whole chunks (`stride` pairs per row), and the values per
+/// panel, `n`: what both entry points start from.
+fn padded_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> (Vec<u32>, usize, usize) {
+    let kp = pairs(inp);
+    let stride = kp.next_multiple_of(CHUNK_PAIRS);
+    (round_rows_padded(isa, x, m, inp, stride), stride, kp * STEP)
+}
+
+/// A task's tiles: the hardware's where `isa` allows [`Isa::AmxBf16`] and the CPU has it, else
+/// the emulation (the same bits, slowly). Tile state is per thread: one per task.
+fn task_tiles(isa: Isa) -> Bf16TileUnit {
+    Bf16TileUnit::new(isa.or_scalar() >= Isa::AmxBf16)
+}
+
+/// `ys[j] = round_bf16(x) · Wⱼᵀ` for pair panels `ws` of one input width, on AMX-BF16 tiles
+/// (`tdpbf16ps`'s order of sums, see [`crate::kernels::amx_bf16`]), or their emulation where
+/// `isa` or the CPU rules the hardware out. Every row count takes this path for a weight packed
+/// for tiles, so a row's bits do not depend on its batch.
+pub(crate) fn run_many(
     isa: Isa,
     x: &[f32],
     m: usize,
@@ -106,25 +134,19 @@ pub(super) fn run_many<T: Bf16Tiles>(
     inp: usize,
     ys: &mut [&mut [MaybeUninit<f32>]],
 ) {
-    let kp = pairs(inp);
-    let stride = kp.next_multiple_of(CHUNK_PAIRS);
-    let xs = round_rows_padded(isa, x, m, inp, stride);
-    let n = kp * STEP;
+    check_shapes(x, m, ws, inp, ys);
+    let (xs, stride, n) = padded_rows(isa, x, m, inp);
     let cols: Vec<usize> = ws.iter().map(|&(_, out)| out).collect();
     by_panel_stripes_many(m, &cols, PANEL, 2, ys, |j, p0, p1, stripe: &mut Stripe| {
-        let (w, mut t) = (ws[j].0, new_tiles());
+        let (w, mut t) = (ws[j].0, task_tiles(isa));
         let mut acc = Box::new([[[0f32; PANEL]; BLOCK_ROWS]; 2]);
         for p in (p0..p1).step_by(2) {
             let two = p + 1 < p1;
             let b0 = PanelChunks::new(&w[p * n..(p + 1) * n]);
-            let b1 = if two {
-                PanelChunks::new(&w[(p + 1) * n..(p + 2) * n])
-            } else {
-                PanelChunks::new(&w[p * n..(p + 1) * n])
-            };
+            let b1 = two.then(|| PanelChunks::new(&w[(p + 1) * n..(p + 2) * n]));
             for r0 in (0..m).step_by(BLOCK_ROWS) {
                 let rows = (m - r0).min(BLOCK_ROWS);
-                block(&mut t, &xs, stride, r0..r0 + rows, [&b0, &b1], two, &mut acc);
+                block(&mut t, &xs, stride, r0..r0 + rows, [&b0, b1.as_ref().unwrap_or(&b0)], two, &mut acc);
                 for (jj, a) in acc.iter().enumerate().take(1 + usize::from(two)) {
                     for (i, row) in a.iter().enumerate().take(rows) {
                         stripe.put(r0 + i, p + jj - p0, row);
@@ -136,10 +158,9 @@ pub(super) fn run_many<T: Bf16Tiles>(
 }
 
 /// `silu(x·gateᵀ) · (x·upᵀ)` into uninitialised `y` (every value written), a gate panel and
-/// its up panel as one block's two operands.
+/// its up panel as one block's two operands, on tiles as [`run_many`].
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run_gated<T: Bf16Tiles>(
-    new_tiles: &(impl Fn() -> T + Sync),
+pub(crate) fn run_gated(
     isa: Isa,
     x: &[f32],
     m: usize,
@@ -149,12 +170,11 @@ pub(super) fn run_gated<T: Bf16Tiles>(
     inp: usize,
     y: &mut [MaybeUninit<f32>],
 ) {
-    let kp = pairs(inp);
-    let stride = kp.next_multiple_of(CHUNK_PAIRS);
-    let xs = round_rows_padded(isa, x, m, inp, stride);
-    let n = kp * STEP;
+    check_shapes(x, m, &[(gate, out), (up, out)], inp, &mut []);
+    assert_eq!(y.len(), m * out, "matmul output length");
+    let (xs, stride, n) = padded_rows(isa, x, m, inp);
     by_panel_stripes_many(m, &[out], PANEL, 1, &mut [y], |_, p0, p1, stripe: &mut Stripe| {
-        let mut t = new_tiles();
+        let mut t = task_tiles(isa);
         let mut acc = Box::new([[[0f32; PANEL]; BLOCK_ROWS]; 2]);
         for p in p0..p1 {
             let (g, u) = (PanelChunks::new(&gate[p * n..(p + 1) * n]), PanelChunks::new(&up[p * n..(p + 1) * n]));
