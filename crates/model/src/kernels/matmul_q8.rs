@@ -336,6 +336,9 @@ struct QuantRow {
     /// Per block, the integer offset terms the stored weights carry, negated, for the VNNI tile
     /// to start its sums from ([`offset_terms`]).
     neg: Vec<[i32; 4]>,
+    /// Per block, `d · Σq` rounded to f32: Q4_K's minimum term needs it for every column panel,
+    /// so it is computed once per row here rather than once per panel in the tiles.
+    dsum: Vec<f32>,
 }
 
 /// Which of [`QuantRow::neg`]'s terms: `−128·Σq` (Q8_0), `−8·Σq` (Q4_0), and Q6_K's `−32·Σq`
@@ -353,6 +356,11 @@ fn offset_terms(sum: &[i32], half: &[i32]) -> Vec<[i32; 4]> {
     sum.iter().zip(half).map(|(&s, &h)| [-128 * s, -8 * s, -32 * h, -32 * (s - h)]).collect()
 }
 
+/// [`QuantRow::dsum`] from the block scales and sums.
+fn scaled_sums(d: &[f32], sum: &[i32]) -> Vec<f32> {
+    d.iter().zip(sum).map(|(&d, &s)| d * s as f32).collect()
+}
+
 fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx512Vnni | Isa::Amx) {
@@ -366,8 +374,14 @@ fn quantize_row(isa: Isa, x: &[f32]) -> QuantRow {
 /// The reference quantization; the AVX-512 one gives the same bytes.
 fn quantize_row_scalar(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
-    let mut row =
-        QuantRow { q: vec![0i8; x.len()], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb], neg: Vec::new() };
+    let mut row = QuantRow {
+        q: vec![0i8; x.len()],
+        d: vec![0f32; nb],
+        sum: vec![0; nb],
+        half: vec![0; nb],
+        neg: Vec::new(),
+        dsum: Vec::new(),
+    };
     for b in 0..nb {
         let blk = &x[b * QK..(b + 1) * QK];
         let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -388,6 +402,7 @@ fn quantize_row_scalar(x: &[f32]) -> QuantRow {
         row.sum[b] = row.half[b] + q[16..].iter().map(|&v| v as i32).sum::<i32>();
     }
     row.neg = offset_terms(&row.sum, &row.half);
+    row.dsum = scaled_sums(&row.d, &row.sum);
     row
 }
 
@@ -443,6 +458,7 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
         return amx::run(&hardware_tiles, &rows, ws, ys);
     }
     let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
+    let rows: Vec<&QuantRow> = rows.iter().collect();
     let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let w = ws[j];
@@ -483,6 +499,7 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
         return amx::gated(&hardware_tiles, &rows, gate, up, y);
     }
     let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
+    let rows: Vec<&QuantRow> = rows.iter().collect();
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
     by_panel_stripes_many(m, &[out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
@@ -554,7 +571,7 @@ fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
     }
 }
 
-fn tile(isa: Isa, w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+fn tile(isa: Isa, w: &PackedQ8, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     match isa {
         // One row (decode): VNNI is faster than a tile of one row.
         #[cfg(target_arch = "x86_64")]
@@ -582,7 +599,7 @@ fn read_f16(b: &[u8], at: usize) -> f32 {
 ///
 /// The integer-to-float conversions and the products of a 6- or 8-bit integer with an f16 are
 /// exact; the SIMD paths perform the same roundings in the same order.
-fn tile_scalar(w: &PackedQ8, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+fn tile_scalar(w: &PackedQ8, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     for (r, row) in rows.iter().enumerate() {
         for b in 0..nb {
             for c in 0..COLS {
@@ -613,7 +630,7 @@ fn fold(f: Format, panel: &[u8], b: usize, c: usize, isum: [i32; 2], row: &Quant
         Format::Q4_K => {
             let (d, dmin) = (read_f16(panel, head + 2 * c), read_f16(panel, head + 2 * COLS + 2 * c));
             *a = ((isum[0] + isum[1]) as f32).mul_add((m0 as f32 * d) * dx, *a);
-            *a = (m1 as f32 * -dmin).mul_add(dx * sum as f32, *a);
+            *a = (m1 as f32 * -dmin).mul_add(row.dsum[b], *a);
         }
         Format::Q6_K => {
             let d = read_f16(panel, head + 2 * c);

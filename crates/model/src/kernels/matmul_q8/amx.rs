@@ -210,7 +210,7 @@ unsafe fn fold_block_avx512(
             // a += isum · ((sc · d) · dx); a += (m · −dmin) · (dx · Σx)
             Format::Q4_K => {
                 let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums(&lo[r])), _mm512_mul_ps(w0, xs), a);
-                _mm512_fmadd_ps(w1, _mm512_set1_ps(x * sum as f32), a)
+                _mm512_fmadd_ps(w1, _mm512_set1_ps(row.dsum[b]), a)
             }
             // Per half: e = isum − 32·Σx(half); a += e · ((sc · d) · dx)
             Format::Q6_K => {

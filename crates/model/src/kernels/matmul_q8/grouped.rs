@@ -75,8 +75,7 @@ pub(super) fn gated_with(
     assert_eq!(x.len(), n * inp, "grouped gated matmul input length");
     check_jobs(gate, jobs, ys);
     let all = quantize_rows(isa, x, n, inp);
-    let rows: Vec<Vec<QuantRow>> =
-        jobs.iter().map(|j| j.rows.iter().map(|&r| all[r as usize].clone()).collect()).collect();
+    let rows: Vec<Vec<&QuantRow>> = jobs.iter().map(|j| j.rows.iter().map(|&r| &all[r as usize]).collect()).collect();
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
     run(jobs, &rows, ys, |rows, a, put| {
@@ -106,7 +105,7 @@ pub(super) fn plain_with(
     let inp = w.inp;
     assert_eq!(xs.len(), jobs.len(), "grouped matmul: one input per job");
     check_jobs(w, jobs, ys);
-    let rows: Vec<Vec<QuantRow>> = xs
+    let quantized: Vec<Vec<QuantRow>> = xs
         .iter()
         .zip(jobs)
         .map(|(x, j)| {
@@ -114,6 +113,7 @@ pub(super) fn plain_with(
             quantize_rows(isa, x, j.rows.len(), inp)
         })
         .collect();
+    let rows: Vec<Vec<&QuantRow>> = quantized.iter().map(|q| q.iter().collect()).collect();
     let nb = inp / QK;
     let pb = w.format.panel_bytes(nb);
     run(jobs, &rows, ys, |rows, a, put| {
@@ -133,9 +133,9 @@ pub(super) fn plain_with(
 /// weight's panel `a` for a job's quantized `rows`, handing each row's 16 outputs to `put`.
 fn run(
     jobs: &[ExpertJob],
-    rows: &[Vec<QuantRow>],
+    rows: &[Vec<&QuantRow>],
     ys: &mut [&mut [MaybeUninit<f32>]],
-    panel: impl Fn(&[QuantRow], usize, &mut dyn FnMut(usize, &[f32])) + Sync,
+    panel: impl Fn(&[&QuantRow], usize, &mut dyn FnMut(usize, &[f32])) + Sync,
 ) {
     let ms: Vec<usize> = jobs.iter().map(|j| j.rows.len()).collect();
     let cols: Vec<usize> = jobs.iter().map(|j| j.cols).collect();

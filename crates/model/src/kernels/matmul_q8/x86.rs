@@ -1,7 +1,9 @@
 //! The x86 paths of [`super`]: AVX-512 quantization, the VNNI tile and the AVX2 tile. Each
 //! computes exactly [`super::tile_scalar`]'s integers and f32 operations, in its order.
 
-use super::{offset_terms, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, ROWS, SUPER};
+use super::{
+    offset_terms, scaled_sums, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, ROWS, SUPER,
+};
 use std::arch::x86_64::*;
 
 const Q8_0: u8 = Format::Q8_0.tag();
@@ -14,8 +16,14 @@ const Q6_K: u8 = Format::Q6_K.tag();
 #[target_feature(enable = "avx512f,avx512bw")]
 pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
-    let mut row =
-        QuantRow { q: vec![0i8; nb * QK], d: vec![0f32; nb], sum: vec![0; nb], half: vec![0; nb], neg: Vec::new() };
+    let mut row = QuantRow {
+        q: vec![0i8; nb * QK],
+        d: vec![0f32; nb],
+        sum: vec![0; nb],
+        half: vec![0; nb],
+        neg: Vec::new(),
+        dsum: Vec::new(),
+    };
     let magic = _mm512_set1_ps(12_582_912.0);
     let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
     for b in 0..nb {
@@ -40,6 +48,7 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
         }
     }
     row.neg = offset_terms(&row.sum, &row.half);
+    row.dsum = scaled_sums(&row.d, &row.sum);
     row
 }
 
@@ -73,7 +82,7 @@ const MASKED_HIGH_ROWS: usize = 3;
 
 /// The VNNI tile for `rows.len()` (≤ `ROWS`) rows of `format`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_vnni(format: Format, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+pub unsafe fn tile_vnni(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     macro_rules! by_rows {
         ($f:expr) => {
             match rows.len() {
@@ -110,14 +119,19 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+unsafe fn vnni<const F: u8, const R: usize>(
+    rows: &[&QuantRow],
+    panel: &[u8],
+    nb: usize,
+    acc: &mut [[f32; COLS]; ROWS],
+) {
     let format = Format::from_tag(F);
     let (vals, pb) = (format.values(), format.panel_block());
     let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
-    let (mut sum, mut neg) = ([std::ptr::null::<i32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
+    let (mut dsum, mut neg) = ([std::ptr::null::<f32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
     for r in 0..R {
         let row = rows.get_unchecked(r);
-        (xq[r], dx[r], sum[r], neg[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.sum.as_ptr(), row.neg.as_ptr());
+        (xq[r], dx[r], dsum[r], neg[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.dsum.as_ptr(), row.neg.as_ptr());
     }
     let mut f = [_mm512_setzero_ps(); R];
     let low = _mm512_set1_epi8(0x0F);
@@ -203,7 +217,7 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
                 for r in 0..R {
                     let x = *dx[r].add(b);
                     f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds, _mm512_set1_ps(x)), f[r]);
-                    f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x * *sum[r].add(b) as f32), f[r]);
+                    f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(*dsum[r].add(b)), f[r]);
                 }
             }
             Q6_K => {
@@ -233,7 +247,7 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[QuantRow], panel: &[u8], nb:
 /// The AVX2 tile: rows four at a time, each pass over one half (8 columns) of the panel so the
 /// accumulators stay in the 16 registers (the panel is re-read from cache, not memory).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_avx2(format: Format, rows: &[QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+pub unsafe fn tile_avx2(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
     macro_rules! by_rows {
         ($f:expr, $rows:expr, $out:expr, $h:expr) => {
             match $rows.len() {
@@ -274,7 +288,7 @@ unsafe fn q6_high_256(h: __m256i, g: usize) -> __m256i {
 /// which yields `Σ x·w` with no offset to take back.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2<const F: u8, const R: usize>(
-    rows: &[QuantRow],
+    rows: &[&QuantRow],
     panel: &[u8],
     nb: usize,
     out: &mut [[f32; COLS]],
@@ -350,7 +364,7 @@ unsafe fn avx2<const F: u8, const R: usize>(
                     let ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(0))), d);
                     f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_mul_ps(ds, xv), f[r]);
                     let mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(COLS))), nmin);
-                    f[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x * sm as f32), f[r]);
+                    f[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(*row.dsum.get_unchecked(b)), f[r]);
                 }
                 Q6_K => {
                     let ds0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(0))), d);
