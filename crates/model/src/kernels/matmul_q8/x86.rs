@@ -2,7 +2,7 @@
 //! computes exactly [`super::tile_scalar`]'s integers and f32 operations, in its order.
 
 use super::{
-    offset_terms, scaled_sums, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, ROWS, SUPER,
+    offset_terms, scaled_sums, Acc, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, SUPER,
 };
 use std::arch::x86_64::*;
 
@@ -82,7 +82,7 @@ const MASKED_HIGH_ROWS: usize = 3;
 
 /// The VNNI tile for `rows.len()` (≤ `ROWS`) rows of `format`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_vnni(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+pub unsafe fn tile_vnni(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     macro_rules! by_rows {
         ($f:expr) => {
             match rows.len() {
@@ -119,12 +119,7 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn vnni<const F: u8, const R: usize>(
-    rows: &[&QuantRow],
-    panel: &[u8],
-    nb: usize,
-    acc: &mut [[f32; COLS]; ROWS],
-) {
+unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     let format = Format::from_tag(F);
     let (vals, pb) = (format.values(), format.panel_block());
     let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
@@ -247,7 +242,7 @@ unsafe fn vnni<const F: u8, const R: usize>(
 /// The AVX2 tile: rows four at a time, each pass over one half (8 columns) of the panel so the
 /// accumulators stay in the 16 registers (the panel is re-read from cache, not memory).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_avx2(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut [[f32; COLS]; ROWS]) {
+pub unsafe fn tile_avx2(format: Format, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     macro_rules! by_rows {
         ($f:expr, $rows:expr, $out:expr, $h:expr) => {
             match $rows.len() {
