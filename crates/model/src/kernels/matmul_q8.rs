@@ -571,11 +571,12 @@ fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
     }
 }
 
-/// Rows `0..rows.len()` of `acc` set to the rows' products with one panel (the rest left as
-/// they are), so a caller can reuse one `acc` for every panel of a task: zeroing a fresh half
-/// kilobyte per panel (a `memset` call) was about 1% of a 16-sequence MoE decode step.
+/// One tile's outputs: up to `ROWS` rows of a panel's `COLS` columns.
 type Acc = [[f32; COLS]; ROWS];
 
+/// Sets rows `0..rows.len()` of `acc` to those rows' products with one panel and leaves the
+/// rest as they are, so a task reuses one `acc` for all its panels: zeroing a fresh one per
+/// panel (a `memset` call) was about 1% of a 16-sequence MoE decode step.
 fn tile(isa: Isa, w: &PackedQ8, rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     match isa {
         // One row (decode): VNNI is faster than a tile of one row.
