@@ -6,6 +6,9 @@
 //! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400]` (the block size defaults
 //! to the dtype's default). Prints the median time of one step (all layers).
 
+mod common;
+
+use common::arg;
 use flint_model::kernels::attention::{paged_attention, ExactBlock, KvStore, PagedLayer, SeqView};
 use flint_model::kernels::huge_buf::HugeBuf;
 use flint_model::kv_dtype::KvCacheDtype;
@@ -15,11 +18,6 @@ const LAYERS: usize = 24;
 const HKV: usize = 2;
 const QH: usize = 14;
 const D: usize = 64;
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
-}
 
 fn fill<T: Copy>(n: usize, f: impl Fn(usize) -> T) -> Vec<T> {
     (0..n).map(f).collect()

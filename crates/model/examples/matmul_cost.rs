@@ -5,6 +5,9 @@
 //! core's `vdpbf16ps` peak (where the CPU has it) and the MLP's gate/up as the model runs it,
 //! two weights in one call against the SiLU-fused pass, alternated.
 
+mod common;
+
+use common::arg;
 use flint_model::kernels::matmul_f32::{matmul, matmul_gated_uninit, matmul_many_uninit, Bf16Compute, PackedF32};
 use std::mem::MaybeUninit;
 use std::time::Instant;
@@ -12,11 +15,6 @@ use std::time::Instant;
 /// qwen2.5-0.5b: (name, out, in) of each projection in a layer.
 const SHAPES: [(&str, usize, usize); 4] =
     [("qkv", 1152, 896), ("o_proj", 896, 896), ("gate_up", 9728, 896), ("down_proj", 896, 4864)];
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
-}
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2_654_435_761) | 1;

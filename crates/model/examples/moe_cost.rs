@@ -9,8 +9,11 @@
 //! the kernel pass by pass. Their ratio is the kernel's share of what the memory gives here,
 //! steadier than either figure on a shared machine.
 
+mod common;
+
+use common::{arg, q4k, Rng, Q4K_BYTES};
 use flint_model::kernels::huge_buf::HugeBuf;
-use flint_model::kernels::matmul_q8::{grouped_gated_uninit, grouped_uninit, ExpertJob, Format, PackedQ8};
+use flint_model::kernels::matmul_q8::{grouped_gated_uninit, grouped_uninit, ExpertJob, PackedQ8};
 use flint_model::kernels::{as_uninit, pool};
 use std::mem::MaybeUninit;
 use std::time::Instant;
@@ -19,34 +22,6 @@ const EXPERTS: usize = 128;
 const TOP_K: usize = 8;
 const HIDDEN: usize = 2048;
 const INTER: usize = 768;
-/// Q4_K: 144 bytes per 256 values.
-const Q4K_BYTES: usize = 144;
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
-}
-
-struct Rng(u32);
-
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 17;
-        self.0 ^= self.0 << 5;
-        self.0
-    }
-}
-
-/// Random Q4_K blocks for an `[out, inp]` weight with small finite `d` and `dmin`.
-fn q4k(out: usize, inp: usize, rng: &mut Rng) -> PackedQ8 {
-    let mut raw: Vec<u8> = (0..out * inp / 256 * Q4K_BYTES).map(|_| rng.next() as u8).collect();
-    for block in raw.chunks_exact_mut(Q4K_BYTES) {
-        block[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x1c]); // f16 d ≈ 0.0088, dmin ≈ 0.0039
-    }
-    PackedQ8::from_ggml(Format::Q4_K, &raw, out, inp).expect("Q4_K sizes")
-}
-
 fn main() {
     let n: usize = arg("--rows", "1").parse().expect("--rows: a number");
     let iters: usize = arg("--iters", "60").parse().expect("--iters: a number");

@@ -6,28 +6,12 @@
 //! `--calls` calls) and its rate. Compare two builds by alternating their binaries: the figures
 //! move with this shared machine's clock and neighbours, their ratio much less.
 
+mod common;
+
+use common::{arg, q4k, Rng, Q4K_BYTES};
 use flint_model::kernels::as_uninit;
-use flint_model::kernels::matmul_q8::{matmul_uninit, Format, PackedQ8};
+use flint_model::kernels::matmul_q8::matmul_uninit;
 use std::time::Instant;
-
-/// Q4_K: 144 bytes per 256 values.
-const Q4K_BYTES: usize = 144;
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
-}
-
-struct Rng(u32);
-
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 17;
-        self.0 ^= self.0 << 5;
-        self.0
-    }
-}
 
 fn main() {
     let out: usize = arg("--out", "1024").parse().expect("--out: a number");
@@ -37,11 +21,7 @@ fn main() {
         arg("--rows", "1,2,3,8,16").split(',').map(|r| r.trim().parse().expect("--rows: numbers")).collect();
     assert!(out.is_multiple_of(16) && inp.is_multiple_of(256), "--out: a multiple of 16, --in of 256");
     let mut rng = Rng(0x9E37_79B9);
-    let mut raw: Vec<u8> = (0..out * inp / 256 * Q4K_BYTES).map(|_| rng.next() as u8).collect();
-    for block in raw.chunks_exact_mut(Q4K_BYTES) {
-        block[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x1c]); // f16 d ≈ 0.0088, dmin ≈ 0.0039
-    }
-    let w = PackedQ8::from_ggml(Format::Q4_K, &raw, out, inp).expect("Q4_K sizes");
+    let w = q4k(out, inp, &mut rng);
     for m in rows {
         let x: Vec<f32> = (0..m * inp).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
         let mut y = vec![0f32; m * out];
