@@ -1,14 +1,14 @@
-//! The int8 kernel's arithmetic alone: a Q4_K `[--out, --in]` weight small enough to stay in
+//! The int8 kernel's arithmetic alone: a Q4_K (or `--format q8_0|q4_0|q6_k`) `[--out, --in]` weight small enough to stay in
 //! the caches (1024 x 2048 is 1.2 MB), times `rows` activation rows for each of `--rows`
 //! (default 1,2,3,8,16), the way a decode step's projections and a mixture's experts run it.
-//! `cargo run --release -p flint-model --example q8_tile_cost -- [--rows 1,2,3,8,16] [--out 1024]
+//! `cargo run --release -p flint-model --example q8_tile_cost -- [--rows 1,2,3,8,16] [--format q4_k] [--out 1024]
 //! [--in 2048] [--calls 200]`. Prints each row count's median time per call (of 15 rounds of
 //! `--calls` calls) and its rate. Compare two builds by alternating their binaries: the figures
 //! move with this shared machine's clock and neighbours, their ratio much less.
 
 mod common;
 
-use common::{arg, q4k, Rng, Q4K_BYTES};
+use common::{arg, format, ggml_bytes, weights, Rng};
 use flint_model::kernels::as_uninit;
 use flint_model::kernels::matmul_q8::matmul_uninit;
 use std::time::Instant;
@@ -16,12 +16,13 @@ use std::time::Instant;
 fn main() {
     let out: usize = arg("--out", "1024").parse().expect("--out: a number");
     let inp: usize = arg("--in", "2048").parse().expect("--in: a number");
+    let format = format(&arg("--format", "q4_k"));
     let calls: usize = arg("--calls", "200").parse().expect("--calls: a number");
     let rows: Vec<usize> =
         arg("--rows", "1,2,3,8,16").split(',').map(|r| r.trim().parse().expect("--rows: numbers")).collect();
     assert!(out.is_multiple_of(16) && inp.is_multiple_of(256), "--out: a multiple of 16, --in of 256");
     let mut rng = Rng(0x9E37_79B9);
-    let w = q4k(out, inp, &mut rng);
+    let w = weights(format, out, inp, &mut rng);
     for m in rows {
         let x: Vec<f32> = (0..m * inp).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
         let mut y = vec![0f32; m * out];
@@ -36,7 +37,7 @@ fn main() {
             .collect();
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
-        let bytes = (out * inp / 256 * Q4K_BYTES) as f64;
+        let bytes = ggml_bytes(format, out, inp) as f64;
         println!(
             "rows {m:>2}: {:8.2} us a call  {:6.1} GMAC/s  {:6.1} GB/s of weights",
             med * 1e6,

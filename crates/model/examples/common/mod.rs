@@ -28,9 +28,44 @@ impl Rng {
 
 /// Random Q4_K blocks for an `[out, inp]` weight with small finite `d` and `dmin`.
 pub fn q4k(out: usize, inp: usize, rng: &mut Rng) -> PackedQ8 {
-    let mut raw: Vec<u8> = (0..out * inp / 256 * Q4K_BYTES).map(|_| rng.next() as u8).collect();
-    for block in raw.chunks_exact_mut(Q4K_BYTES) {
-        block[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x1c]); // f16 d ≈ 0.0088, dmin ≈ 0.0039
+    weights(Format::Q4_K, out, inp, rng)
+}
+
+/// A GGUF block of `format`: (its bytes, its values, where its f16 scales are).
+fn block(format: Format) -> (usize, usize, &'static [usize]) {
+    match format {
+        Format::Q8_0 => (34, 32, &[0]),
+        Format::Q4_0 => (18, 32, &[0]),
+        Format::Q4_K => (Q4K_BYTES, 256, &[0, 2]),
+        Format::Q6_K => (210, 256, &[208]),
     }
-    PackedQ8::from_ggml(Format::Q4_K, &raw, out, inp).expect("Q4_K sizes")
+}
+
+/// The bytes of an `[out, inp]` weight in `format`, as the GGUF file holds it.
+pub fn ggml_bytes(format: Format, out: usize, inp: usize) -> usize {
+    let (bytes, values, _) = block(format);
+    out * inp / values * bytes
+}
+
+/// Random blocks of `format` for an `[out, inp]` weight, their f16 scales small and finite.
+pub fn weights(format: Format, out: usize, inp: usize, rng: &mut Rng) -> PackedQ8 {
+    let (bytes, values, scales) = block(format);
+    let mut raw: Vec<u8> = (0..out * inp / values * bytes).map(|_| rng.next() as u8).collect();
+    for block in raw.chunks_exact_mut(bytes) {
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&[0x1f, 0x20]); // f16 ≈ 0.0088
+        }
+    }
+    PackedQ8::from_ggml(format, &raw, out, inp).expect("block sizes")
+}
+
+/// A format by its GGUF name (`q8_0`, `q4_0`, `q4_k`, `q6_k`).
+pub fn format(name: &str) -> Format {
+    match name.to_ascii_lowercase().as_str() {
+        "q8_0" => Format::Q8_0,
+        "q4_0" => Format::Q4_0,
+        "q4_k" => Format::Q4_K,
+        "q6_k" => Format::Q6_K,
+        other => panic!("--format: q8_0, q4_0, q4_k or q6_k, not {other}"),
+    }
 }

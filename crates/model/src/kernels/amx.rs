@@ -1,6 +1,6 @@
 //! Intel AMX (Advanced Matrix Extensions): whether this process may use the tiles, and the one
-//! tile operation the int8 matmul needs, `C[m][16] = A[m][K] · B` (`tdpbsud`: signed int8
-//! activations times unsigned int8 weights in the VNNI layout, exact int32 sums), in two
+//! tile operation the int8 matmul needs, `C[m][16] = A[m][K] · B` (`tdpbssd`: signed int8
+//! activations times signed int8 weights in the VNNI layout, exact int32 sums), in two
 //! implementations with the same results: the hardware's, and an emulation that runs anywhere.
 //! The kernels drive both through [`Int8Tiles`], so everything but the instructions themselves
 //! (layouts, unpacking, block order, the f32 fold) is tested on every CPU. The bf16 tiles are
@@ -94,35 +94,47 @@ fn request_permission() -> bool {
 
 /// Bytes of a B tile row: 16 columns × 4 inputs.
 pub const B_ROW: usize = 64;
-/// Rows of A (and of C) a tile holds at most.
-pub const MAX_ROWS: usize = 16;
+/// Rows of A (and of C) one tile holds at most.
+pub const TILE_ROWS: usize = 16;
+/// Rows one [`Int8Tiles::dot`] covers at most: two A tiles sharing one B tile, so each B load
+/// serves two tile products.
+pub const MAX_ROWS: usize = 2 * TILE_ROWS;
 
-/// `C = A · B` over one K-slice, `K` = 16 or 32 inputs: `A` is `m` rows of `k` signed bytes,
-/// `stride` bytes apart; `B` is `k / 4` rows of [`B_ROW`] unsigned bytes (input group `g`, column
-/// `c`, input `i` of the group at `g·64 + c·4 + i`); `C[r][c] = Σ A[r][j] · B(j, c)` exactly.
+/// Exact int32 sums of up to [`MAX_ROWS`] rows × 16 columns.
+pub type Sums = [[i32; 16]; MAX_ROWS];
+
+/// `C = A · B` over one K-slice, `K` = 16 or 32 inputs (`tdpbssd`: signed bytes times signed
+/// bytes): `A` is `m` rows of `k` bytes, `stride` bytes apart; `B` is `k / 4` rows of [`B_ROW`]
+/// bytes (input group `g`, column `c`, input `i` of the group at `g·64 + c·4 + i`);
+/// `C[r][c] = Σ A[r][j] · B(j, c)` exactly.
 pub trait Int8Tiles {
-    /// Prepare for `m` rows (1..=16) of K-slices of 32 and of 16 inputs.
-    fn configure(&mut self, m: usize);
-    /// `c[..m] = A · B` over `k` (32 or 16) inputs.
+    /// Prepare for `m` rows (1..=[`MAX_ROWS`]) of K-slices of `k` (32 or 16) inputs. Cheap when
+    /// nothing changed.
+    fn configure(&mut self, m: usize, k: usize);
+    /// `c[..m] = A · B` over the configured `k` inputs, in C tile set `set` (0 or 1): a product
+    /// in the other set does not wait for this one's sums to be stored, so alternating sets lets
+    /// the tile unit run ahead.
     ///
     /// # Safety
     /// `a` points at `m` rows of `k` readable bytes, `stride` apart; `b` at `k / 4 · 64`
-    /// readable bytes; `m` is the configured count.
-    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]);
+    /// readable bytes; `m` and `k` are the configured ones.
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const i8, c: &mut Sums, set: usize);
 }
 
-/// The reference: the SDM's definition of `tdpbsud`, one integer product at a time.
+/// The reference: the SDM's definition of `tdpbssd`, one integer product at a time.
 #[derive(Default)]
 pub struct EmulatedTiles {
     m: usize,
+    k: usize,
 }
 
 impl Int8Tiles for EmulatedTiles {
-    fn configure(&mut self, m: usize) {
-        self.m = m;
+    fn configure(&mut self, m: usize, k: usize) {
+        (self.m, self.k) = (m, k);
     }
 
-    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]) {
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const i8, c: &mut Sums, _set: usize) {
+        let k = self.k;
         for (r, row) in c.iter_mut().enumerate().take(self.m) {
             // SAFETY: the caller's contract: `m` rows of `k` bytes, `stride` apart.
             let a = unsafe { std::slice::from_raw_parts(a.add(r * stride), k) };
@@ -135,12 +147,13 @@ impl Int8Tiles for EmulatedTiles {
     }
 }
 
-/// The hardware: `tdpbsud` on tiles 0–2 (K = 32) and 3–5 (K = 16).
+/// The hardware: `tdpbssd`, A in tiles 0–1 (rows 0–15, 16–31), B in tile 2, C in tiles 3–4
+/// (set 0) or 5–6 (set 1).
 #[cfg(target_arch = "x86_64")]
 pub struct HardwareTiles {
     cfg: TileConfig,
-    /// The row count `cfg` was last loaded for (0: never).
-    configured: usize,
+    /// The row count and K `cfg` was last loaded for (0: never).
+    configured: (usize, usize),
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -179,7 +192,7 @@ impl HardwareTiles {
     pub fn new() -> Option<Self> {
         matches!(status(), AmxStatus::Usable { .. }).then(|| Self {
             cfg: TileConfig::new(),
-            configured: 0,
+            configured: (0, 0),
             _not_send: std::marker::PhantomData,
         })
     }
@@ -190,56 +203,88 @@ impl Drop for HardwareTiles {
     fn drop(&mut self) {
         // SAFETY: `new` checked AMX is usable; tilerelease returns the tiles to their init state.
         unsafe {
-            std::arch::asm!("tilerelease", out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _, out("tmm4") _, out("tmm5") _, options(nostack))
+            std::arch::asm!(
+                "tilerelease",
+                out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+                out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+                options(nostack)
+            )
         }
     }
 }
 
+/// One K-slice on the tiles: B into tmm2, then per A tile (tmm0: rows 0–15; tmm1: rows 16–31,
+/// only where `$a1` is given) zero its C tile, load A, multiply, and store C. The C tiles of
+/// the two sets are named by the caller.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_dot {
+    ($a:expr, $stride:expr, $b:expr, $c:expr, $c0:literal) => {
+        std::arch::asm!(
+            "tileloadd tmm2, [{b} + {sb} * 1]",
+            concat!("tilezero ", $c0),
+            "tileloadd tmm0, [{a} + {sa} * 1]",
+            concat!("tdpbssd ", $c0, ", tmm0, tmm2"),
+            concat!("tilestored [{c} + {sc} * 1], ", $c0),
+            a = in(reg) $a, sa = in(reg) $stride, b = in(reg) $b, sb = in(reg) B_ROW,
+            c = in(reg) $c, sc = in(reg) 64usize,
+            out("tmm0") _, out("tmm2") _, out("tmm3") _, out("tmm5") _, options(nostack),
+        )
+    };
+    ($a:expr, $a1:expr, $stride:expr, $b:expr, $c:expr, $c1:expr, $c0:literal, $c0b:literal) => {
+        std::arch::asm!(
+            "tileloadd tmm2, [{b} + {sb} * 1]",
+            concat!("tilezero ", $c0),
+            concat!("tilezero ", $c0b),
+            "tileloadd tmm0, [{a} + {sa} * 1]",
+            concat!("tdpbssd ", $c0, ", tmm0, tmm2"),
+            "tileloadd tmm1, [{a1} + {sa} * 1]",
+            concat!("tdpbssd ", $c0b, ", tmm1, tmm2"),
+            concat!("tilestored [{c} + {sc} * 1], ", $c0),
+            concat!("tilestored [{c1} + {sc} * 1], ", $c0b),
+            a = in(reg) $a, a1 = in(reg) $a1, sa = in(reg) $stride, b = in(reg) $b, sb = in(reg) B_ROW,
+            c = in(reg) $c, c1 = in(reg) $c1, sc = in(reg) 64usize,
+            out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _, out("tmm4") _, out("tmm5") _,
+            out("tmm6") _, options(nostack),
+        )
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Int8Tiles for HardwareTiles {
-    fn configure(&mut self, m: usize) {
-        let m = m.clamp(1, MAX_ROWS) as u8;
-        // `ldtilecfg` costs far more than a tile product; `dot` zeroes its C tile itself.
-        if self.configured == m as usize {
+    fn configure(&mut self, m: usize, k: usize) {
+        let m = m.clamp(1, MAX_ROWS);
+        // `ldtilecfg` costs far more than a tile product; `dot` zeroes its C tiles itself.
+        if self.configured == (m, k) {
             return;
         }
-        self.configured = m as usize;
+        self.configured = (m, k);
+        let (m0, m1) = (m.min(TILE_ROWS) as u8, m.saturating_sub(TILE_ROWS) as u8);
+        let (ka, kb) = (k.clamp(4, 64) as u16, (k / 4).clamp(1, 16) as u8);
         let c = &mut self.cfg;
-        // tmm0/tmm3: A (K = 32 / 16 bytes per row); tmm1/tmm4: B (8 / 4 rows of 64 bytes);
-        // tmm2/tmm5: C (m rows of 16 int32).
-        (c.rows[0], c.colsb[0], c.rows[1], c.colsb[1], c.rows[2], c.colsb[2]) = (m, 32, 8, 64, m, 64);
-        (c.rows[3], c.colsb[3], c.rows[4], c.colsb[4], c.rows[5], c.colsb[5]) = (m, 16, 4, 64, m, 64);
+        // tmm0/tmm1: A of rows 0–15 / 16–31 (k bytes a row); tmm2: B (k / 4 rows of 64 bytes);
+        // tmm3/tmm4 and tmm5/tmm6: the two sets of C. A tile of 0 rows is left unconfigured,
+        // and `dot` does not touch it.
+        let second = |bytes: u16| if m1 == 0 { 0 } else { bytes };
+        (c.rows[0], c.colsb[0], c.rows[1], c.colsb[1], c.rows[2], c.colsb[2]) = (m0, ka, m1, second(ka), kb, 64);
+        (c.rows[3], c.colsb[3], c.rows[4], c.colsb[4]) = (m0, 64, m1, second(64));
+        (c.rows[5], c.colsb[5], c.rows[6], c.colsb[6]) = (m0, 64, m1, second(64));
         // SAFETY: `new` checked AMX is usable and permitted; the shapes are within palette 1's.
         unsafe { self.cfg.load() }
     }
 
-    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; MAX_ROWS]) {
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const i8, c: &mut Sums, set: usize) {
         let out = c.as_mut_ptr().cast::<i32>();
-        // SAFETY: the caller's contract gives readable A and B; C has room for 16 rows of 64
-        // bytes; the tiles were configured for these shapes by `configure`.
+        // SAFETY: the caller's contract gives readable A and B (`a` + 16 rows is inside A
+        // whenever a second tile is configured, for more than 16 rows); C has room for 32 rows
+        // of 64 bytes; the tiles were configured for these shapes by `configure`. The tile
+        // registers are not preserved across calls: each block zeroes and loads what it uses.
         unsafe {
-            if k == 32 {
-                std::arch::asm!(
-                    "tilezero tmm2",
-                    "tileloadd tmm0, [{a} + {sa} * 1]",
-                    "tileloadd tmm1, [{b} + {sb} * 1]",
-                    "tdpbsud tmm2, tmm0, tmm1",
-                    "tilestored [{c} + {sc} * 1], tmm2",
-                    a = in(reg) a, sa = in(reg) stride, b = in(reg) b, sb = in(reg) B_ROW,
-                    c = in(reg) out, sc = in(reg) 64usize,
-                    out("tmm0") _, out("tmm1") _, out("tmm2") _, options(nostack),
-                );
-            } else {
-                std::arch::asm!(
-                    "tilezero tmm5",
-                    "tileloadd tmm3, [{a} + {sa} * 1]",
-                    "tileloadd tmm4, [{b} + {sb} * 1]",
-                    "tdpbsud tmm5, tmm3, tmm4",
-                    "tilestored [{c} + {sc} * 1], tmm5",
-                    a = in(reg) a, sa = in(reg) stride, b = in(reg) b, sb = in(reg) B_ROW,
-                    c = in(reg) out, sc = in(reg) 64usize,
-                    out("tmm3") _, out("tmm4") _, out("tmm5") _, options(nostack),
-                );
+            let (a1, out1) = (a.wrapping_add(TILE_ROWS * stride), out.wrapping_add(TILE_ROWS * 16));
+            match (self.configured.0 > TILE_ROWS, set == 0) {
+                (true, true) => tile_dot!(a, a1, stride, b, out, out1, "tmm3", "tmm4"),
+                (true, false) => tile_dot!(a, a1, stride, b, out, out1, "tmm5", "tmm6"),
+                (false, true) => tile_dot!(a, stride, b, out, "tmm3"),
+                (false, false) => tile_dot!(a, stride, b, out, "tmm5"),
             }
         }
     }
@@ -259,15 +304,15 @@ mod tests {
             seed ^= seed << 5;
             seed
         };
-        for (m, k) in [(1, 32), (16, 32), (5, 16), (16, 16)] {
+        for (m, k) in [(1, 32), (16, 32), (5, 16), (16, 16), (17, 32), (32, 16)] {
             let stride = k + 7;
             let a: Vec<i8> = (0..m * stride).map(|_| next() as i8).collect();
-            let b: Vec<u8> = (0..k / 4 * B_ROW).map(|_| next() as u8).collect();
+            let b: Vec<i8> = (0..k / 4 * B_ROW).map(|_| next() as i8).collect();
             let mut t = EmulatedTiles::default();
-            t.configure(m);
+            t.configure(m, k);
             let mut c = [[7i32; 16]; MAX_ROWS];
             // SAFETY: `a` holds m rows of `stride` ≥ k bytes, `b` k/4 rows of 64.
-            unsafe { t.dot(a.as_ptr(), stride, b.as_ptr(), k, &mut c) };
+            unsafe { t.dot(a.as_ptr(), stride, b.as_ptr(), &mut c, 0) };
             for r in 0..m {
                 for col in 0..16 {
                     let want: i32 =
@@ -276,6 +321,43 @@ mod tests {
                 }
             }
             assert!(c[m..].iter().all(|row| row == &[7; 16]), "rows past m are not written");
+        }
+    }
+
+    /// The tiles against the emulation, where this CPU has them (skipped, and saying so,
+    /// elsewhere): every row count of one and two A tiles, both K-slices, any strides, and the
+    /// extremes of signed bytes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn hardware_int8_tiles_give_the_emulated_sums() {
+        let Some(mut hw) = HardwareTiles::new() else {
+            eprintln!("skipped: no usable AMX tiles here ({})", status().describe());
+            return;
+        };
+        let mut seed = 0x2545_f491u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for m in 1..=MAX_ROWS {
+            for (k, set) in [(32, 0), (16, 1), (32, 1), (16, 0)] {
+                let stride = 32 + 64 * (m % 3);
+                let extreme = |v: u32| if v.is_multiple_of(5) { [-128i8, 127][v as usize % 2] } else { v as i8 };
+                let a: Vec<i8> = (0..m * stride).map(|_| extreme(next())).collect();
+                let b: Vec<i8> = (0..k / 4 * B_ROW).map(|_| extreme(next())).collect();
+                let mut emu = EmulatedTiles::default();
+                emu.configure(m, k);
+                hw.configure(m, k);
+                let (mut want, mut got) = ([[0i32; 16]; MAX_ROWS], [[0i32; 16]; MAX_ROWS]);
+                // SAFETY: `a` holds m rows of `stride` ≥ k bytes, `b` k/4 rows of 64.
+                unsafe {
+                    emu.dot(a.as_ptr(), stride, b.as_ptr(), &mut want, set);
+                    hw.dot(a.as_ptr(), stride, b.as_ptr(), &mut got, set);
+                }
+                assert_eq!(got[..m], want[..m], "m {m} k {k} set {set}");
+            }
         }
     }
 

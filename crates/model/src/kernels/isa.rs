@@ -12,12 +12,13 @@
 use std::sync::OnceLock;
 
 /// The level used when `FLINT_CPU_ISA` is unset or empty: everything but the AMX int8 path, which
-/// is exact but slower than VNNI. Measured on real tiles on a Sapphire Rapids-class Xeon (2
-/// threads, synthesized qwen2.5-0.5b, 2 alternated rounds, `scripts/amx_check.sh`): pp512 of
-/// q8_0 / q4_0 GGUFs ran at 322–386 tok/s with AMX-INT8 against 419–599 with VNNI (before the
-/// fold was vectorised, 19–22; the tile loop then streamed the weights once per 16 rows, which
-/// it no longer does, unmeasured there). The bf16 tiles, whose f32 sums stay in the tiles, ran bf16 pp512 at 664–736 tok/s
-/// against 271–275 for the f32 products that the default picked there, so they are on.
+/// is exact but no faster than VNNI. Measured on real tiles on a Sapphire Rapids-class Xeon (2
+/// threads): pp512 of synthesized qwen2.5-0.5b q8_0 / q4_0 GGUFs ran at 322–386 tok/s with
+/// AMX-INT8 against 419–599 with VNNI (`scripts/amx_check.sh`); since then the tile loop is
+/// pipelined, and a 2048×2048 matmul of 512 rows runs at 0.96–1.18× VNNI, 16–64 rows at
+/// 0.6–0.9× (`q8_tile_cost`; why in `matmul_q8::amx`). The bf16 tiles, whose f32 sums stay in
+/// the tiles, ran bf16 pp512 at 664–736 tok/s against 271–275 for the f32 products that the
+/// default picked there, so they are on.
 pub const DEFAULT_CAP: Isa = Isa::AmxBf16;
 
 /// An x86 vector-extension level (see the module docs). A kernel that has no path of its own

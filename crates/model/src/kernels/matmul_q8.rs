@@ -539,19 +539,20 @@ enum AmxTiles {
 
 #[cfg(target_arch = "x86_64")]
 impl super::amx::Int8Tiles for AmxTiles {
-    fn configure(&mut self, m: usize) {
+    fn configure(&mut self, m: usize, k: usize) {
         match self {
-            AmxTiles::Hardware(t) => t.configure(m),
-            AmxTiles::Emulated(t) => t.configure(m),
+            AmxTiles::Hardware(t) => t.configure(m, k),
+            AmxTiles::Emulated(t) => t.configure(m, k),
         }
     }
 
-    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const u8, k: usize, c: &mut [[i32; 16]; 16]) {
+    #[inline(always)]
+    unsafe fn dot(&mut self, a: *const i8, stride: usize, b: *const i8, c: &mut super::amx::Sums, set: usize) {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match self {
-                AmxTiles::Hardware(t) => t.dot(a, stride, b, k, c),
-                AmxTiles::Emulated(t) => t.dot(a, stride, b, k, c),
+                AmxTiles::Hardware(t) => t.dot(a, stride, b, c, set),
+                AmxTiles::Emulated(t) => t.dot(a, stride, b, c, set),
             }
         }
     }

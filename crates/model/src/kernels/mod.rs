@@ -25,7 +25,7 @@ pub fn describe() -> String {
     let int8_off = if asked {
         "AMX-INT8 capped off by FLINT_CPU_ISA"
     } else {
-        "AMX-INT8 off by default: slower than VNNI so far; FLINT_CPU_ISA=amx turns it on"
+        "AMX-INT8 off by default: no faster than VNNI; FLINT_CPU_ISA=amx turns it on"
     };
     let amx = match amx::status() {
         amx::AmxStatus::Usable { .. } if isa < Isa::AmxBf16 => "AMX capped off by FLINT_CPU_ISA".to_string(),
