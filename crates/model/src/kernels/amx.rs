@@ -198,18 +198,28 @@ impl HardwareTiles {
     }
 }
 
+/// `tilerelease`: every tile back to its initial state (what a task's tiles do when dropped).
+///
+/// # Safety
+/// [`status`] said the tiles are usable.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn release_tiles() {
+    // SAFETY: the caller's contract; every tile register is named as clobbered.
+    unsafe {
+        std::arch::asm!(
+            "tilerelease",
+            out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+            out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+            options(nostack)
+        )
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Drop for HardwareTiles {
     fn drop(&mut self) {
-        // SAFETY: `new` checked AMX is usable; tilerelease returns the tiles to their init state.
-        unsafe {
-            std::arch::asm!(
-                "tilerelease",
-                out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
-                out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
-                options(nostack)
-            )
-        }
+        // SAFETY: `new` checked AMX is usable.
+        unsafe { release_tiles() }
     }
 }
 

@@ -116,15 +116,8 @@ impl HardwareBf16Tiles {
 #[cfg(target_arch = "x86_64")]
 impl Drop for HardwareBf16Tiles {
     fn drop(&mut self) {
-        // SAFETY: `new` checked AMX is usable; tilerelease returns the tiles to their init state.
-        unsafe {
-            std::arch::asm!(
-                "tilerelease",
-                out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
-                out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
-                options(nostack)
-            )
-        }
+        // SAFETY: `new` checked AMX is usable.
+        unsafe { super::amx::release_tiles() }
     }
 }
 
