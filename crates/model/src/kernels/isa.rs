@@ -96,6 +96,21 @@ impl Isa {
     }
 }
 
+/// Whether the CPU is Intel's (CPUID's vendor string), for the few tunings that differ between
+/// vendors at the same instruction set.
+pub(crate) fn cpu_is_intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let id = unsafe { std::arch::x86_64::__cpuid(0) };
+        // "GenuineIntel" in EBX, EDX, ECX.
+        (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// `FLINT_CPU_ISA`'s values. `avx512` caps below the bf16 dot products only: VNNI, which changes
 /// no bits, stays where the CPU has it. Empty is the default, [`DEFAULT_CAP`].
 impl std::str::FromStr for Isa {
@@ -145,5 +160,22 @@ mod tests {
         if Isa::detected() < Isa::Avx512Bf16 {
             assert_eq!(Isa::Avx512Bf16.or_scalar(), Isa::Scalar);
         }
+    }
+
+    /// The vendor CPUID names is the one the kernel reports (`vendor_id` in /proc/cpuinfo).
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn vendor_matches_proc_cpuinfo() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let vendor =
+            info.lines().find_map(|l| l.strip_prefix("vendor_id")).map(|v| v.trim_start_matches([' ', '\t', ':']));
+        let Some(vendor) = vendor else {
+            eprintln!("skipped: /proc/cpuinfo names no vendor");
+            return;
+        };
+        assert_eq!(super::cpu_is_intel(), vendor == "GenuineIntel", "vendor_id {vendor}");
     }
 }
