@@ -283,9 +283,42 @@ impl PagedKvCache {
 
     /// Store the new tokens' keys and values of `layer` (int8: into staging, then quantize the
     /// blocks that are now full).
+    /// Ask for the cache lines [`write`](Self::write) is about to store into, all of them
+    /// before the first store. A key is stored transposed, one line per channel (128 lines a
+    /// token and head), in a pool that is mostly out of the caches: stored one after another,
+    /// each line's fetch waited for the one before (qwen3-30b-a3b, 16 sequences: 0.33 ms a
+    /// layer, 1/17 of the step). Prefetched, the fetches overlap, and the attention that follows
+    /// reads those lines from the cache.
+    fn prefetch_slots(&self, layer: usize, batch: &ForwardBatch) {
+        let (bs, hkv, d) = (self.block_size, self.kv_heads, self.head_dim);
+        let (k, v, size): (*const u8, *const u8, usize) = match &self.layers[layer] {
+            LayerStore::F32 { k, v } => (k.as_ptr().cast(), v.as_ptr().cast(), 4),
+            LayerStore::Bf16 { k, v } => (k.as_ptr().cast(), v.as_ptr().cast(), 2),
+            LayerStore::Int8 { .. } => return,
+        };
+        let line_values = (64 / size).max(1);
+        for s in &batch.seqs {
+            for pos in s.context_len..s.context_len + s.num_tokens {
+                let Some(&block) = s.blocks.get(pos / bs) else { continue };
+                let off = pos % bs;
+                let base = block as usize * hkv * bs * d;
+                for h in 0..hkv {
+                    let (kcol, vrow) = (base + h * d * bs + off, base + (h * bs + off) * d);
+                    for c in 0..d {
+                        prefetch(k.wrapping_add((kcol + c * bs) * size));
+                    }
+                    for c in (0..d).step_by(line_values) {
+                        prefetch(v.wrapping_add((vrow + c) * size));
+                    }
+                }
+            }
+        }
+    }
+
     fn write(&mut self, layer: usize, batch: &ForwardBatch, kv_new: &[f32], vv_new: &[f32]) {
         let (bs, hkv, d) = (self.block_size, self.kv_heads, self.head_dim);
         let per = self.staging_layer();
+        self.prefetch_slots(layer, batch);
         let mut row = 0;
         for s in &batch.seqs {
             for t in 0..s.num_tokens {
@@ -406,6 +439,20 @@ impl KvCache for PagedKvCache {
         let device: &Device = q.device();
         Ok(Tensor::from_vec(out, (n, q_heads * d), device)?.to_dtype(q.dtype())?)
     }
+}
+
+/// A hint to bring the line at `p` into the cache (nothing where there is no such instruction).
+/// Never a fault: the address is not dereferenced.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is SSE (every x86-64 CPU) and only a hint: it reads nothing the
+    // program sees and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
