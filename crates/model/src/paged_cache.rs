@@ -281,8 +281,6 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Store the new tokens' keys and values of `layer` (int8: into staging, then quantize the
-    /// blocks that are now full).
     /// Ask for the cache lines [`write`](Self::write) is about to store into, all of them
     /// before the first store. A key is stored transposed, one line per channel (128 lines a
     /// token and head), in a pool that is mostly out of the caches: stored one after another,
@@ -315,6 +313,8 @@ impl PagedKvCache {
         }
     }
 
+    /// Store the new tokens' keys and values of `layer` (int8: into staging, then quantize the
+    /// blocks that are now full).
     fn write(&mut self, layer: usize, batch: &ForwardBatch, kv_new: &[f32], vv_new: &[f32]) {
         let (bs, hkv, d) = (self.block_size, self.kv_heads, self.head_dim);
         let per = self.staging_layer();
