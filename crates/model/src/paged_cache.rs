@@ -300,10 +300,14 @@ impl PagedKvCache {
                 let Some(&block) = s.blocks.get(pos / bs) else { continue };
                 let off = pos % bs;
                 let base = block as usize * hkv * bs * d;
+                // A prefill chunk's consecutive keys share their lines: ask once per line.
+                let new_key_lines = pos == s.context_len || (off * size).is_multiple_of(64);
                 for h in 0..hkv {
                     let (kcol, vrow) = (base + h * d * bs + off, base + (h * bs + off) * d);
-                    for c in 0..d {
-                        prefetch(k.wrapping_add((kcol + c * bs) * size));
+                    if new_key_lines {
+                        for c in 0..d {
+                            prefetch(k.wrapping_add((kcol + c * bs) * size));
+                        }
                     }
                     for c in (0..d).step_by(line_values) {
                         prefetch(v.wrapping_add((vrow + c) * size));

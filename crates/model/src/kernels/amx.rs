@@ -304,19 +304,11 @@ impl Int8Tiles for HardwareTiles {
 mod tests {
     use super::*;
 
-    /// xorshift32: the tests' deterministic bytes.
-    fn xorshift(seed: &mut u32) -> u32 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 17;
-        *seed ^= *seed << 5;
-        *seed
-    }
-
     /// The emulation against a plain matrix product over the layout it documents.
     #[test]
     fn emulated_dot_is_the_matrix_product() {
-        let mut seed = 0x9e37_79b9u32;
-        let mut next = || xorshift(&mut seed);
+        let mut stream = crate::kernels::xorshift(0x9e37_79b9u32);
+        let mut next = || stream.next().unwrap_or(0);
         for (m, k) in [(1, 32), (16, 32), (5, 16), (16, 16), (17, 32), (32, 16)] {
             let stride = k + 7;
             let a: Vec<i8> = (0..m * stride).map(|_| next() as i8).collect();
@@ -347,8 +339,8 @@ mod tests {
             eprintln!("skipped: no usable AMX tiles here ({})", status().describe());
             return;
         };
-        let mut seed = 0x2545_f491u32;
-        let mut next = || xorshift(&mut seed);
+        let mut stream = crate::kernels::xorshift(0x2545_f491u32);
+        let mut next = || stream.next().unwrap_or(0);
         for m in 1..=MAX_ROWS {
             for (k, set) in [(32, 0), (16, 1), (32, 1), (16, 0)] {
                 let stride = 32 + 64 * (m % 3);
