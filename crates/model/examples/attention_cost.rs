@@ -1,9 +1,10 @@
 //! Attention at depth, alone: query tokens of qwen2.5-0.5b's shape (14 query heads, 2 KV heads,
-//! head size 64) against a context of `--depth` tokens in every layer of a paged pool of the
-//! chosen dtype, the way a step runs it. `--chunk 1` (the default) is a decode step, and the bytes
+//! head size 64; `--heads Q/KV/D` for another) against a context of `--depth` tokens in every
+//! layer of a paged pool of the chosen dtype, the way a step runs it, for `--seqs` sequences
+//! (default 1) at once. `--chunk 1` (the default) is a decode step, and the bytes
 //! of cache it reads per second are printed; `--chunk 512` is one prefill chunk at that depth.
 //! `cargo run --release -p flint-model --example attention_cost -- [--depth 16384] [--chunk 1]
-//! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400]` (the block size defaults
+//! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400] [--seqs 1] [--heads 14/2/64]` (the block size defaults
 //! to the dtype's default). Prints the median time of one step (all layers).
 
 mod common;
@@ -15,9 +16,6 @@ use flint_model::kv_dtype::KvCacheDtype;
 use std::time::Instant;
 
 const LAYERS: usize = 24;
-const HKV: usize = 2;
-const QH: usize = 14;
-const D: usize = 64;
 
 fn fill<T: Copy>(n: usize, f: impl Fn(usize) -> T) -> Vec<T> {
     (0..n).map(f).collect()
@@ -32,6 +30,10 @@ fn hash(i: usize) -> u32 {
 
 fn main() {
     let depth: usize = arg("--depth", "16384").parse().expect("--depth: a number");
+    let nseq: usize = arg("--seqs", "1").parse().expect("--seqs: a number");
+    let heads: Vec<usize> =
+        arg("--heads", "14/2/64").split('/').map(|v| v.parse().expect("--heads: Q/KV/D, numbers")).collect();
+    let [qh, hkv, dh] = heads[..] else { panic!("--heads: Q/KV/D") };
     let dtype = arg("--dtype", "int8");
     let iters: usize = arg("--iters", "20").parse().expect("--iters: a number");
     let chunk: usize = arg("--chunk", "1").parse().expect("--chunk: a number");
@@ -39,8 +41,8 @@ fn main() {
     let kv_dtype: KvCacheDtype = dtype.parse().expect("--dtype: int8, bf16 or f32");
     let bs_default = kv_dtype.default_block_size().to_string();
     let bs: usize = arg("--block-size", &bs_default).parse().expect("--block-size: a number");
-    let blocks = (depth + chunk - 1) / bs + 1;
-    let per_layer = blocks * HKV * D * bs;
+    let blocks = ((depth + chunk - 1) / bs + 1) * nseq;
+    let per_layer = blocks * hkv * dh * bs;
     // One pool per layer, blocks in a scrambled order as a busy pool hands them out.
     let table: Vec<u32> = (0..blocks as u32).map(|i| (i * 7 + 3) % blocks as u32).collect();
     let f32s = |seed: usize| fill(per_layer, |i| (hash(i + seed) % 2000) as f32 / 1000.0 - 1.0);
@@ -61,7 +63,7 @@ fn main() {
                 if dtype == "f32" {
                     HugeBuf::from_slice(&v)
                 } else {
-                    HugeBuf::from_slice(&v[..D * bs * HKV])
+                    HugeBuf::from_slice(&v[..dh * bs * hkv])
                 }
             };
             let bf = |v: &[f32]| HugeBuf::from_slice(&fill(v.len(), |i| (v[i].to_bits() >> 16) as u16));
@@ -72,20 +74,20 @@ fn main() {
                 kb,
                 vb,
                 k8: HugeBuf::from_slice(&fill(n8, |i| hash(i + l) as u8)),
-                kmin: HugeBuf::from_slice(&fill(blocks * HKV * D, |i| half_bits(-((hash(i) % 100) as f32) / 50.0))),
-                ksc: HugeBuf::from_slice(&fill(blocks * HKV * D, |i| 150 + (hash(i) % 20) as u8)),
+                kmin: HugeBuf::from_slice(&fill(blocks * hkv * dh, |i| half_bits(-((hash(i) % 100) as f32) / 50.0))),
+                ksc: HugeBuf::from_slice(&fill(blocks * hkv * dh, |i| 150 + (hash(i) % 20) as u8)),
                 v8: HugeBuf::from_slice(&fill(n8, |i| hash(i + 3 * l) as i8)),
-                vsc: HugeBuf::from_slice(&fill(blocks * HKV * bs, |i| 150 + (hash(i) % 20) as u8)),
+                vsc: HugeBuf::from_slice(&fill(blocks * hkv * bs, |i| 150 + (hash(i) % 20) as u8)),
                 kf: big(kf),
                 vf: big(vf),
             }
         })
         .collect();
-    let q: Vec<f32> = fill(chunk * QH * D, |i| (hash(i + 99) % 2000) as f32 / 1000.0 - 1.0);
-    let exact_k: Vec<f32> = fill(HKV * D * bs, |i| (hash(i + 5) % 2000) as f32 / 1000.0 - 1.0);
+    let q: Vec<f32> = fill(nseq * chunk * qh * dh, |i| (hash(i + 99) % 2000) as f32 / 1000.0 - 1.0);
+    let exact_k: Vec<f32> = fill(hkv * dh * bs, |i| (hash(i + 5) % 2000) as f32 / 1000.0 - 1.0);
     // Int8: the chunk's own blocks at full precision.
     let own_blocks = (depth + chunk - 1) / bs - depth / bs + 1;
-    let mut out = vec![0f32; chunk * QH * D];
+    let mut out = vec![0f32; nseq * chunk * qh * dh];
     // A decode step also streams the weights, which pushes the cache out of every CPU cache:
     // `--flush MB` reads that many megabytes between tokens (untimed), as the weights would.
     let flush_mb: usize = arg("--flush", "0").parse().expect("--flush: a number");
@@ -101,11 +103,21 @@ fn main() {
                 "bf16" => KvStore::Bf16 { k: &l.kb, v: &l.vb },
                 _ => KvStore::Int8 { k: &l.k8, k_min: &l.kmin, k_scale: &l.ksc, v: &l.v8, v_scale: &l.vsc },
             };
-            let kv = PagedLayer { store, block_size: bs, kv_heads: HKV, head_dim: D };
+            let kv = PagedLayer { store, block_size: bs, kv_heads: hkv, head_dim: dh };
             let exact = vec![ExactBlock { k: &exact_k, v: &exact_k }; own_blocks];
             let ex: &[ExactBlock] = if dtype == "int8" { &exact } else { &[] };
-            let seqs = [SeqView { row: 0, context_len: depth, num_tokens: chunk, blocks: &table, exact: ex }];
-            paged_attention(&q, QH, &seqs, &kv, None, &mut out);
+            // Each sequence its own share of the (scrambled) table.
+            let per_seq = blocks / nseq;
+            let seqs: Vec<SeqView> = (0..nseq)
+                .map(|s| SeqView {
+                    row: s * chunk,
+                    context_len: depth,
+                    num_tokens: chunk,
+                    blocks: &table[s * per_seq..][..per_seq],
+                    exact: ex,
+                })
+                .collect();
+            paged_attention(&q, qh, &seqs, &kv, None, &mut out);
         }
         if it >= 2 {
             times.push(t.elapsed().as_secs_f64());
@@ -114,14 +126,15 @@ fn main() {
     times.sort_by(f64::total_cmp);
     let med = times[times.len() / 2];
     let per_tok = match dtype.as_str() {
-        "f32" => 2 * D * 4,
-        "bf16" => 2 * D * 2,
-        _ => 2 * D + 1,
-    } * HKV
-        * LAYERS;
+        "f32" => 2 * dh * 4,
+        "bf16" => 2 * dh * 2,
+        _ => 2 * dh + 1,
+    } * hkv
+        * LAYERS
+        * nseq;
     let bytes = (per_tok * depth) as f64;
     println!(
-        "dtype {dtype} depth {depth} chunk {chunk}: {:.2} ms per step (median of {iters}, min {:.2}), {:.1} MB of cache, {:.1} GB/s, checksum {:.4}",
+        "dtype {dtype} depth {depth} chunk {chunk} seqs {nseq}: {:.2} ms per step (median of {iters}, min {:.2}), {:.1} MB of cache, {:.1} GB/s, checksum {:.4}",
         med * 1e3,
         times[0] * 1e3,
         bytes / 1e6,

@@ -166,7 +166,11 @@ pub(super) fn attention_with(
         offsets.push(offsets.last().copied().unwrap_or(0) + (t.t1 - t.t0) * g * width);
     }
     let mut results = vec![0f32; offsets.last().copied().unwrap_or(0)];
-    pool::run_parts(&mut results, &offsets, |i, dst| ctx.run(&tasks[i], dst));
+    // Threads take tasks in turn from a shared counter, so a thread's next task is most likely
+    // the one `threads` further on: its first keys are fetched while this one ends (a wrong
+    // guess costs only the hint).
+    let threads = pool::threads();
+    pool::run_parts(&mut results, &offsets, |i, dst| ctx.run(&tasks[i], dst, tasks.get(i + threads)));
     // Whole tasks hold their rows' outputs; split tasks one segment's partials each, folded here
     // in segment order (the tasks of one (sequence, head) are consecutive, segments ascending).
     let mut i = 0;
@@ -243,6 +247,19 @@ pub(super) struct Rows<'a> {
     pub h: usize,
     pub seq: &'a SeqView<'a>,
     pub kv: &'a PagedLayer<'a>,
+    /// The keys this thread's next task starts with, asked for during this task's last block.
+    pub then: Region,
+}
+
+/// Bytes a kernel asks the cache for ahead of use (a hint: nothing is read through it).
+#[derive(Clone, Copy)]
+pub(super) struct Region {
+    pub start: *const u8,
+    pub bytes: usize,
+}
+
+impl Region {
+    pub const NONE: Region = Region { start: std::ptr::null(), bytes: 0 };
 }
 
 /// Where a (row, block) pair reads from.
@@ -404,15 +421,33 @@ thread_local! {
 
 impl Ctx<'_> {
     /// Run `task`, writing its result (outputs or partials, see [`Task`]) to `dst`.
-    fn run(&self, task: &Task, dst: &mut [f32]) {
+    fn run(&self, task: &Task, dst: &mut [f32], next: Option<&Task>) {
+        let then = next.map_or(Region::NONE, |t| self.first_keys(t));
         TASK_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut s) => self.run_in(task, dst, &mut s),
+            Ok(mut s) => self.run_in(task, dst, &mut s, then),
             // A task that runs another kernel which runs tasks on this thread: fresh buffers.
-            Err(_) => self.run_in(task, dst, &mut TaskScratch::default()),
+            Err(_) => self.run_in(task, dst, &mut TaskScratch::default(), then),
         })
     }
 
-    fn run_in(&self, task: &Task, dst: &mut [f32], scratch: &mut TaskScratch) {
+    /// The stored keys of the first block `task` reads (f32 and bf16 stores; none for int8,
+    /// whose blocks are fetched whole by [`segment`]'s own prefetch).
+    fn first_keys(&self, task: &Task) -> Region {
+        let seq = &self.seqs[task.s];
+        let (d, bs) = (self.kv.head_dim, self.kv.block_size);
+        let pos = seq.context_len + task.t0;
+        let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w)) / bs;
+        let b = task.seg.map_or(lo, |sg| lo.max(sg * self.seg_blocks));
+        let Some(&block) = seq.blocks.get(b) else { return Region::NONE };
+        let at = (block as usize * self.kv.kv_heads + task.h) * bs * d;
+        match self.kv.store {
+            KvStore::F32 { k, .. } => Region { start: k.as_ptr().wrapping_add(at).cast(), bytes: bs * d * 4 },
+            KvStore::Bf16 { k, .. } => Region { start: k.as_ptr().wrapping_add(at).cast(), bytes: bs * d * 2 },
+            KvStore::Int8 { .. } => Region::NONE,
+        }
+    }
+
+    fn run_in(&self, task: &Task, dst: &mut [f32], scratch: &mut TaskScratch, then: Region) {
         let seq = &self.seqs[task.s];
         let (d, bs) = (self.kv.head_dim, self.kv.block_size);
         let g = self.q_heads / self.kv.kv_heads;
@@ -431,7 +466,7 @@ impl Ctx<'_> {
         }
         let lo_block = rows.iter().map(|r| r.lo / bs).min().unwrap_or(0);
         let hi_block = rows.iter().map(|r| r.own).max().unwrap_or(0);
-        let view = Rows { q: std::mem::take(q), rows: std::mem::take(rows), d, h: task.h, seq, kv: self.kv };
+        let view = Rows { q: std::mem::take(q), rows: std::mem::take(rows), d, h: task.h, seq, kv: self.kv, then };
         let segments = match task.seg {
             Some(s) => s..s + 1,
             None => lo_block / self.seg_blocks..hi_block / self.seg_blocks + 1,
