@@ -4,8 +4,9 @@
 //! (default 1) at once. `--chunk 1` (the default) is a decode step, and the bytes
 //! of cache it reads per second are printed; `--chunk 512` is one prefill chunk at that depth.
 //! `cargo run --release -p flint-model --example attention_cost -- [--depth 16384] [--chunk 1]
-//! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400] [--seqs 1] [--heads 14/2/64]` (the block size defaults
-//! to the dtype's default). Prints the median time of one step (all layers).
+//! [--dtype int8|bf16|f32] [--block-size N] [--iters 20] [--flush 400] [--seqs 1]
+//! [--heads 14/2/64]` (the block size defaults to the dtype's default). Prints the median time of
+//! one step (all layers).
 
 mod common;
 
@@ -31,6 +32,7 @@ fn hash(i: usize) -> u32 {
 fn main() {
     let depth: usize = arg("--depth", "16384").parse().expect("--depth: a number");
     let nseq: usize = arg("--seqs", "1").parse().expect("--seqs: a number");
+    assert!(nseq >= 1, "--seqs: at least 1");
     let heads: Vec<usize> =
         arg("--heads", "14/2/64").split('/').map(|v| v.parse().expect("--heads: Q/KV/D, numbers")).collect();
     let [qh, hkv, dh] = heads[..] else { panic!("--heads: Q/KV/D") };
@@ -44,7 +46,9 @@ fn main() {
     let blocks = ((depth + chunk - 1) / bs + 1) * nseq;
     let per_layer = blocks * hkv * dh * bs;
     // One pool per layer, blocks in a scrambled order as a busy pool hands them out.
-    let table: Vec<u32> = (0..blocks as u32).map(|i| (i * 7 + 3) % blocks as u32).collect();
+    // i·m + 3 mod blocks, with m prime to blocks: a permutation.
+    let m = [7, 11, 13, 17, 19].into_iter().find(|m| !blocks.is_multiple_of(*m)).unwrap_or(1);
+    let table: Vec<u32> = (0..blocks).map(|i| ((i * m + 3) % blocks) as u32).collect();
     let f32s = |seed: usize| fill(per_layer, |i| (hash(i + seed) % 2000) as f32 / 1000.0 - 1.0);
     struct Layer {
         kf: HugeBuf<f32>,

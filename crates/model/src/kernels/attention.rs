@@ -247,12 +247,17 @@ pub(super) struct Rows<'a> {
     pub h: usize,
     pub seq: &'a SeqView<'a>,
     pub kv: &'a PagedLayer<'a>,
-    /// The keys this thread's next task starts with, asked for during this task's last block.
+    /// The last block this task reads (of its segment, for a split task).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub last: usize,
+    /// The keys this thread's next task starts with, asked for during block `last`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub then: Region,
 }
 
 /// Bytes a kernel asks the cache for ahead of use (a hint: nothing is read through it).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Region {
     pub start: *const u8,
     pub bytes: usize,
@@ -431,7 +436,7 @@ impl Ctx<'_> {
     }
 
     /// The stored keys of the first block `task` reads (f32 and bf16 stores; none for int8,
-    /// whose blocks are fetched whole by [`segment`]'s own prefetch).
+    /// whose x86 path asks for each next block whole instead).
     fn first_keys(&self, task: &Task) -> Region {
         let seq = &self.seqs[task.s];
         let (d, bs) = (self.kv.head_dim, self.kv.block_size);
@@ -466,7 +471,12 @@ impl Ctx<'_> {
         }
         let lo_block = rows.iter().map(|r| r.lo / bs).min().unwrap_or(0);
         let hi_block = rows.iter().map(|r| r.own).max().unwrap_or(0);
-        let view = Rows { q: std::mem::take(q), rows: std::mem::take(rows), d, h: task.h, seq, kv: self.kv, then };
+        let last = match task.seg {
+            Some(s) => ((s + 1) * self.seg_blocks).min(hi_block + 1) - 1,
+            None => hi_block,
+        };
+        let view =
+            Rows { q: std::mem::take(q), rows: std::mem::take(rows), d, h: task.h, seq, kv: self.kv, last, then };
         let segments = match task.seg {
             Some(s) => s..s + 1,
             None => lo_block / self.seg_blocks..hi_block / self.seg_blocks + 1,

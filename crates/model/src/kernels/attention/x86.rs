@@ -128,8 +128,10 @@ unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegSt
     let mut set = [0usize; SET_ROWS];
     let mut n = 0;
     // Decode reads each block's keys and values once, mostly from memory: their lines are asked
-    // for a few at a time as the block before is computed ([`Ahead`]). Otherwise (prefill, int8
-    // codes) the next block is asked for whole.
+    // for a few at a time while what comes before them is computed ([`Ahead`]): a block's values
+    // during its scores, the next block's keys (or, after the task's last block, those of the
+    // thread's likely next task) during its values. Otherwise (prefill, int8 codes) the next
+    // block is asked for whole.
     let spread = rows.rows.len() <= SCORE_ROWS
         && bs.is_multiple_of(KEY_TILE)
         && matches!(rows.kv.store, KvStore::F32 { .. } | KvStore::Bf16 { .. });
@@ -139,12 +141,13 @@ unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegSt
         if b + 1 < b1 && !spread {
             prefetch_block(rows, b + 1);
         }
+        // Past this segment's end (`b1`), a whole task goes on into its next segment.
         let next_keys = match rows.kv.store {
-            _ if !spread => Region::NONE,
-            _ if b + 1 == b1 => rows.then,
-            KvStore::F32 { k, .. } => keys_region(k, rows, b + 1),
-            KvStore::Bf16 { k, .. } => keys_region(k, rows, b + 1),
-            KvStore::Int8 { .. } => Region::NONE,
+            _ if !spread => None,
+            _ if b >= rows.last => Some(rows.then),
+            KvStore::F32 { k, .. } => Some(keys_region(k, rows, b + 1)),
+            KvStore::Bf16 { k, .. } => Some(keys_region(k, rows, b + 1)),
+            KvStore::Int8 { .. } => None,
         };
         // Rows that read this block the same way (source and live keys) go together: all of
         // them off the diagonal, one token's heads on it.
@@ -180,7 +183,8 @@ fn keys_region<T>(k: &[T], rows: &Rows, b: usize) -> Region {
 }
 
 /// A region's cache lines asked for (into L2) a few at a time, spread evenly over the `steps`
-/// iterations of a loop that computes while they arrive: a decode task's blocks are read once,
+/// iterations of a loop that computes while they arrive (a loop of one step, as for the values
+/// of a 16-token f32 block's single key tile, asks for them all at once): a decode task's blocks are read once,
 /// from memory, and asking for a whole block at once (the prefill way) stalls on the core's
 /// miss buffers before any of it is used. Measured on Zen 4, cache cold as in a decode step
 /// (`attention_cost --flush`), 3 alternated pairs: 16 sequences of 200 tokens with qwen3-30b-a3b's
@@ -195,8 +199,11 @@ struct Ahead {
 
 impl Ahead {
     fn new(region: Region, steps: usize) -> Self {
-        let start = region.start.cast::<i8>();
-        Ahead { next: start, end: start.wrapping_add(region.bytes), per_step: region.bytes.div_ceil(64 * steps.max(1)) }
+        // From the line the region starts in.
+        let skew = region.start as usize % 64;
+        let start = region.start.wrapping_sub(skew).cast::<i8>();
+        let bytes = if region.bytes == 0 { 0 } else { region.bytes + skew };
+        Ahead { next: start, end: start.wrapping_add(bytes), per_step: bytes.div_ceil(64 * steps.max(1)) }
     }
 
     /// One iteration's share of the lines.
@@ -214,8 +221,9 @@ impl Ahead {
 
 /// One online-softmax step of rows `set` (all reading block `b` from `src`, keys `a..e` of it):
 /// scores for 8 rows at a time against each key tile, the softmax per row, then the weighted
-/// values for a few rows at a time, each value row loaded once for all of them. Decode asks for
-/// this block's values while it computes the scores, and for `next_keys` while it weighs values.
+/// values for a few rows at a time, each value row loaded once for all of them. Decode
+/// (`next_keys` given) asks for this block's values while it computes the scores, and for
+/// `next_keys` while it weighs the values.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn block<const NV: usize>(
@@ -226,7 +234,7 @@ unsafe fn block<const NV: usize>(
     scratch: &mut Scratch,
     st: &mut SegState,
     vnni: bool,
-    next_keys: Region,
+    next_keys: Option<Region>,
 ) {
     if let (Source::Store, KvStore::Int8 { .. }) = (src, rows.kv.store) {
         let args = (rows, b, (a, e), set, scratch, st);
@@ -247,6 +255,7 @@ unsafe fn block<const NV: usize>(
     // Scores, `[row][position in block]`.
     if fused {
         let values = match (src, rows.kv.store) {
+            _ if next_keys.is_none() => Region::NONE,
             (Source::Store, KvStore::F32 { v, .. }) => {
                 Region { start: v.as_ptr().add(at + a * d).cast(), bytes: (e - a) * d * 4 }
             }
@@ -288,7 +297,15 @@ unsafe fn block<const NV: usize>(
     // Weighted values: a few rows' outputs in registers, each value row loaded once for them.
     if fused {
         let passes = NV / columns(NV, set.len());
-        let args = (set, &mut st.o[..], w.as_ptr(), stride, a, e, Ahead::new(next_keys, (e - a) * passes));
+        let args = (
+            set,
+            &mut st.o[..],
+            w.as_ptr(),
+            stride,
+            a,
+            e,
+            Ahead::new(next_keys.unwrap_or(Region::NONE), (e - a) * passes),
+        );
         match (src, rows.kv.store) {
             (Source::Store, KvStore::F32 { v, .. }) => values_fused::<NV, F32s>(set.len(), args, v.as_ptr().add(at)),
             (Source::Store, KvStore::Bf16 { v, .. }) => values_fused::<NV, Bf16s>(set.len(), args, v.as_ptr().add(at)),
