@@ -184,13 +184,14 @@ fn keys_region<T>(k: &[T], rows: &Rows, b: usize) -> Region {
 
 /// A region's cache lines asked for (into L2) a few at a time, spread evenly over the `steps`
 /// iterations of a loop that computes while they arrive (a loop of one step, as for the values
-/// of a 16-token f32 block's single key tile, asks for them all at once): a decode task's blocks are read once,
-/// from memory, and asking for a whole block at once (the prefill way) stalls on the core's
-/// miss buffers before any of it is used. Measured on Zen 4, cache cold as in a decode step
-/// (`attention_cost --flush`), 3 alternated pairs: 16 sequences of 200 tokens with qwen3-30b-a3b's
-/// heads (`--seqs 16 --depth 200 --heads 32/4/128 --dtype bf16`) 14.6–14.8 → 9.6–10.7 ms a
-/// 24-layer step; one sequence at 16,384 tokens (qwen2.5-0.5b's heads) 16.5–16.8 → 9.8–10.6 ms in
-/// bf16, 27–30 → 17–19 ms in f32. Asking into L1 instead was about a fifth slower than into L2.
+/// of a 16-token f32 block's single key tile, asks for them all at once). A decode task reads
+/// each block once, from memory; the whole-block prefetch at each block's start (the prefill
+/// way) left a task's first block unasked and gained little here. Measured on Zen 4, cache cold
+/// as in a decode step (`attention_cost --flush`), alternated pairs, ms a 24-layer step: 16
+/// sequences of 200 tokens with qwen3-30b-a3b's heads (`--seqs 16 --depth 200 --heads 32/4/128
+/// --dtype bf16`) 14.3–14.8 → 9.6–10.8; 16 of 4,096 tokens 247 → 178; one sequence at 16,384
+/// tokens (qwen2.5-0.5b's heads) 16.5–16.8 → 9.8–10.6 in bf16, 27–30 → 17–19 in f32. Asking
+/// into L1 instead was about a fifth slower than into L2.
 struct Ahead {
     next: *const i8,
     end: *const i8,
