@@ -267,6 +267,26 @@ impl Region {
     pub const NONE: Region = Region { start: std::ptr::null(), bytes: 0 };
 }
 
+impl PagedLayer<'_> {
+    /// The stored keys of (physical block · KV heads + head) `head`, whole; the stored values of
+    /// its tokens `a..e`. Only f32 and bf16 stores (int8 blocks are prefetched whole, none here).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) fn regions(&self, head: usize, (a, e): (usize, usize)) -> (Region, Region) {
+        let n = self.head_dim * self.block_size;
+        let of = |p: *const u8, size: usize, at: usize, len: usize| Region {
+            start: p.wrapping_add(at * size),
+            bytes: len * size,
+        };
+        let (k, v, size): (*const u8, *const u8, usize) = match self.store {
+            KvStore::F32 { k, v } => (k.as_ptr().cast(), v.as_ptr().cast(), 4),
+            KvStore::Bf16 { k, v } => (k.as_ptr().cast(), v.as_ptr().cast(), 2),
+            KvStore::Int8 { .. } => return (Region::NONE, Region::NONE),
+        };
+        let values = of(v, size, head * n + a * self.head_dim, (e - a) * self.head_dim);
+        (of(k, size, head * n, n), values)
+    }
+}
+
 /// Where a (row, block) pair reads from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Source {
@@ -439,17 +459,12 @@ impl Ctx<'_> {
     /// whose x86 path asks for each next block whole instead).
     fn first_keys(&self, task: &Task) -> Region {
         let seq = &self.seqs[task.s];
-        let (d, bs) = (self.kv.head_dim, self.kv.block_size);
+        let bs = self.kv.block_size;
         let pos = seq.context_len + task.t0;
         let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w)) / bs;
         let b = task.seg.map_or(lo, |sg| lo.max(sg * self.seg_blocks));
         let Some(&block) = seq.blocks.get(b) else { return Region::NONE };
-        let at = (block as usize * self.kv.kv_heads + task.h) * bs * d;
-        match self.kv.store {
-            KvStore::F32 { k, .. } => Region { start: k.as_ptr().wrapping_add(at).cast(), bytes: bs * d * 4 },
-            KvStore::Bf16 { k, .. } => Region { start: k.as_ptr().wrapping_add(at).cast(), bytes: bs * d * 2 },
-            KvStore::Int8 { .. } => Region::NONE,
-        }
+        self.kv.regions(block as usize * self.kv.kv_heads + task.h, (0, 0)).0
     }
 
     fn run_in(&self, task: &Task, dst: &mut [f32], scratch: &mut TaskScratch, then: Region) {

@@ -142,12 +142,10 @@ unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegSt
             prefetch_block(rows, b + 1);
         }
         // Past this segment's end (`b1`), a whole task goes on into its next segment.
-        let next_keys = match rows.kv.store {
+        let next_keys = match () {
             _ if !spread => None,
             _ if b >= rows.last => Some(rows.then),
-            KvStore::F32 { k, .. } => Some(keys_region(k, rows, b + 1)),
-            KvStore::Bf16 { k, .. } => Some(keys_region(k, rows, b + 1)),
-            KvStore::Int8 { .. } => None,
+            _ => Some(rows.kv.regions(rows.store_head(b + 1), (0, 0)).0),
         };
         // Rows that read this block the same way (source and live keys) go together: all of
         // them off the diagonal, one token's heads on it.
@@ -174,12 +172,6 @@ unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegSt
         }
         n = 0;
     }
-}
-
-/// The stored keys of block `b` of this task's head.
-fn keys_region<T>(k: &[T], rows: &Rows, b: usize) -> Region {
-    let n = rows.d * rows.kv.block_size;
-    Region { start: k.as_ptr().wrapping_add(rows.store_head(b) * n).cast(), bytes: n * std::mem::size_of::<T>() }
 }
 
 /// A region's cache lines asked for (into L2) a few at a time, spread evenly over the `steps`
@@ -255,14 +247,8 @@ unsafe fn block<const NV: usize>(
     let at = rows.store_head(b) * bs * d;
     // Scores, `[row][position in block]`.
     if fused {
-        let values = match (src, rows.kv.store) {
-            _ if next_keys.is_none() => Region::NONE,
-            (Source::Store, KvStore::F32 { v, .. }) => {
-                Region { start: v.as_ptr().add(at + a * d).cast(), bytes: (e - a) * d * 4 }
-            }
-            (Source::Store, KvStore::Bf16 { v, .. }) => {
-                Region { start: v.as_ptr().add(at + a * d).cast(), bytes: (e - a) * d * 2 }
-            }
+        let values = match src {
+            Source::Store if next_keys.is_some() => rows.kv.regions(rows.store_head(b), (a, e)).1,
             _ => Region::NONE,
         };
         let args = (qbase, j0, j1, scores.as_mut_ptr(), stride, bs, Ahead::new(values, j1 - j0));
