@@ -132,8 +132,16 @@ impl Format {
         (b / SUPER) * (self.header() + SUPER * self.panel_block())
     }
 
+    /// One panel of `nb` blocks (for the K-quants a whole number of super-blocks). Not
+    /// `block_at(nb)`: that counts the header of a super-block after the last, which padded every
+    /// K-quant panel with an unused header (Q4_K 64 bytes: 0.3% of a 2048-wide weight, 0.9% of
+    /// a 768-wide one; Q6_K 32).
     fn panel_bytes(self, nb: usize) -> usize {
-        self.block_at(nb)
+        if self.header() == 0 {
+            self.block_at(nb)
+        } else {
+            self.header_at(nb.next_multiple_of(SUPER))
+        }
     }
 
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -314,6 +322,12 @@ impl PackedQ8 {
 
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The bytes a product with this weight streams: the packed panels, scales included (Q4_K's
+    /// are 4.625 bits a weight against GGUF's 4.5; the other formats' match the file).
+    pub fn packed_bytes(&self) -> usize {
+        self.data.len()
     }
 
     pub fn out_features(&self) -> usize {
@@ -918,6 +932,20 @@ pub(super) mod tests {
                     let got = crate::kernels::written(&y);
                     assert_eq!(got, want, "{fg:?}/{fu:?} m={m} {isa:?}");
                 }
+            }
+        }
+    }
+
+    /// A packed weight is its panels' blocks and super-block headers, nothing more: a K-quant
+    /// panel once carried the header of a super-block after its last.
+    #[test]
+    fn packed_weights_hold_no_padding() {
+        for format in [Format::Q8_0, Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            for (out, inp) in [(16, 768), (37, 2048)] {
+                let p = PackedQ8::from_ggml(format, &random_blocks(format, out, inp, 9), out, inp).unwrap();
+                let nb = inp / QK;
+                let per_panel = nb * format.panel_block() + nb / SUPER * format.header();
+                assert_eq!(p.packed_bytes(), out.div_ceil(COLS) * per_panel, "{format:?} {out}x{inp}");
             }
         }
     }
