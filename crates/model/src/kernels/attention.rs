@@ -455,13 +455,18 @@ impl Ctx<'_> {
         })
     }
 
+    /// The first key a query at position `pos` sees: 0, or the sliding window's start.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
     /// The stored keys of the first block `task` reads (f32 and bf16 stores; none for int8,
     /// whose x86 path asks for each next block whole instead).
     fn first_keys(&self, task: &Task) -> Region {
         let seq = &self.seqs[task.s];
         let bs = self.kv.block_size;
         let pos = seq.context_len + task.t0;
-        let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w)) / bs;
+        let lo = self.first_visible(pos) / bs;
         let b = task.seg.map_or(lo, |sg| lo.max(sg * self.seg_blocks));
         let Some(&block) = seq.blocks.get(b) else { return Region::NONE };
         self.kv.regions(block as usize * self.kv.kv_heads + task.h, (0, 0)).0
@@ -477,7 +482,7 @@ impl Ctx<'_> {
         rows.clear();
         for t in task.t0..task.t1 {
             let pos = seq.context_len + t;
-            let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let lo = self.first_visible(pos);
             for j in 0..g {
                 let src = &self.q[((seq.row + t) * self.q_heads + task.h * g + j) * d..][..d];
                 q.extend(src.iter().map(|&y| y * self.scale));

@@ -142,10 +142,12 @@ unsafe fn seg<const NV: usize>(rows: &Rows, b0: usize, b1: usize, st: &mut SegSt
             prefetch_block(rows, b + 1);
         }
         // Past this segment's end (`b1`), a whole task goes on into its next segment.
-        let next_keys = match () {
-            _ if !spread => None,
-            _ if b >= rows.last => Some(rows.then),
-            _ => Some(rows.kv.regions(rows.store_head(b + 1), (0, 0)).0),
+        let next_keys = if !spread {
+            None
+        } else if b >= rows.last {
+            Some(rows.then)
+        } else {
+            Some(rows.kv.regions(rows.store_head(b + 1), (0, 0)).0)
         };
         // Rows that read this block the same way (source and live keys) go together: all of
         // them off the diagonal, one token's heads on it.
