@@ -89,8 +89,9 @@ fn main() {
         }
         let s = t.elapsed().as_secs_f64();
         std::hint::black_box(&outs);
+        let pieces = pieces(&chosen, &proj_bytes);
         let t = Instant::now();
-        read_like(&mirror[(it % layers) * 3..][..3], &chosen, &proj_bytes);
+        read_like(&mirror[(it % layers) * 3..][..3], &pieces);
         let p = t.elapsed().as_secs_f64();
         if it >= 3 {
             times.push(s);
@@ -118,11 +119,11 @@ fn main() {
     );
 }
 
-/// Read the chosen experts' bytes of each projection in `bufs` (`proj_bytes[b]` an expert in
-/// `bufs[b]`), 64 KiB pieces over the pool.
-fn read_like(bufs: &[HugeBuf<u8>], chosen: &[usize], proj_bytes: &[usize]) {
+/// The chosen experts' bytes of each projection (`proj_bytes[b]` an expert in buffer `b`) as
+/// 64 KiB pieces `(buffer, start, end)`, listed before the peer's timing starts.
+fn pieces(chosen: &[usize], proj_bytes: &[usize]) -> Vec<(usize, usize, usize)> {
     const PIECE: usize = 64 << 10;
-    let mut pieces = Vec::new(); // (buffer, start, end)
+    let mut pieces = Vec::new();
     for (b, &size) in proj_bytes.iter().enumerate() {
         for &e in chosen {
             for start in (e * size..(e + 1) * size).step_by(PIECE) {
@@ -130,6 +131,11 @@ fn read_like(bufs: &[HugeBuf<u8>], chosen: &[usize], proj_bytes: &[usize]) {
             }
         }
     }
+    pieces
+}
+
+/// Read `pieces` of `bufs` over the pool.
+fn read_like(bufs: &[HugeBuf<u8>], pieces: &[(usize, usize, usize)]) {
     let sink = std::sync::atomic::AtomicU64::new(0);
     pool::run(pieces.len(), |i| {
         let (b, start, end) = pieces[i];
