@@ -64,8 +64,8 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 /// distances: the L2 one doubled 0.96–0.99×, halved 0.87–0.93×; the L1 one doubled 0.91–1.00×;
 /// no prefetch in the 1–3-row tiles (the experts' case) 0.84–0.94×. With no prefetch at all, a
 /// lone 180 MB matrix at one row streamed faster while the host's bandwidth peaked (55–59
-/// against 46 GB/s), but the model's single-stream decode did not gain (alternated repetitions,
-/// medians 17.9 and 17.9, then 16.3 and 15.8 tok/s) and its 16-token prefill lost 15–20%.
+/// against 46 GB/s), and the model's 16-token prefill lost 15–20%. One-row tiles do better
+/// without it: see [`single_row_prefetch`].
 const PREFETCH_L2_BYTES: usize = 9216;
 const PREFETCH_L1_BYTES: usize = 2304;
 
@@ -79,6 +79,22 @@ const PREFETCH_L1_BYTES: usize = 2304;
 fn far_prefetch() -> bool {
     static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FAR.get_or_init(|| !crate::kernels::isa::cpu_is_intel())
+}
+
+/// Whether a one-row tile prefetches its weights at all: on Intel only, where it was measured
+/// to help and this was not measured. One-row tiles are every matmul of a single sequence's
+/// decode, and a mixture's experts that one row chose. Their loop is quick enough per byte that
+/// the hardware streamer and the out-of-order window keep the misses in flight, and the ten
+/// prefetch instructions a 288-byte Q4_K block only cost. Zen 4, 2 threads, every decode step
+/// alternated with the prefetching tile in one process (so both see the same moment of this
+/// shared host's memory), step time against the prefetching one: qwen3-30b-a3b Q4_K single
+/// stream 0.89–0.99× (ten runs of 256 tokens, 0.89–0.92 while the host streamed 60+ GB/s),
+/// qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six windows of 30
+/// pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02× and
+/// keeping the far prefetch alone in one-row tiles 1.14–1.16×.
+fn single_row_prefetch() -> bool {
+    static SINGLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SINGLE.get_or_init(crate::kernels::isa::cpu_is_intel)
 }
 
 /// Prefetch the panel blocks those distances after the one at `base` (past the panel's end the
@@ -144,6 +160,7 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     let format = Format::from_tag(F);
     let (vals, pb, far) = (format.values(), format.panel_block(), far_prefetch());
+    let prefetch = R > 1 || single_row_prefetch();
     let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
     let (mut dsum, mut neg) = ([std::ptr::null::<f32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
     for r in 0..R {
@@ -164,7 +181,9 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb
             }
         }
         let base = panel.as_ptr().add(format.block_at(b));
-        prefetch_ahead(base, pb, far);
+        if prefetch {
+            prefetch_ahead(base, pb, far);
+        }
         // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale), and
         // the Q4 formats their high nibbles for a few rows (below).
         // They start at the negated offset terms (`x·stored − offset·Σx` = `x·w`, exactly), so
