@@ -81,17 +81,17 @@ fn far_prefetch() -> bool {
     *FAR.get_or_init(|| !crate::kernels::isa::cpu_is_intel())
 }
 
-/// Whether a one-row tile prefetches its weights at all: on Intel only, where it was measured
-/// to help and this was not measured. One-row tiles are every matmul of a single sequence's
-/// decode, and a mixture's experts that one row chose. Their loop is quick enough per byte that
-/// the hardware streamer and the out-of-order window keep the misses in flight, and the ten
-/// prefetch instructions a 288-byte Q4_K block only cost. Zen 4, 2 threads, every decode step
-/// alternated with the prefetching tile in one process (so both see the same moment of this
-/// shared host's memory), step time against the prefetching one: qwen3-30b-a3b Q4_K single
-/// stream 0.89–0.99× (ten runs of 256 tokens, 0.89–0.92 while the host streamed 60+ GB/s),
-/// qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six windows of 30
-/// pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02× and
-/// keeping the far prefetch alone in one-row tiles 1.14–1.16×.
+/// Whether a one-row tile prefetches its weights at all: on Intel only, where no prefetch at all
+/// streamed slower (see [`far_prefetch`]) and one-row tiles alone were not tried. One-row tiles are
+/// every matmul of a single sequence's decode, and a mixture's experts that one row chose. Their
+/// loop is quick enough per byte that the hardware streamer and the out-of-order window keep the
+/// misses in flight, and the ten prefetch instructions a 288-byte Q4_K block only cost. Zen 4, 2
+/// threads, every decode step alternated with the prefetching tile in one process (so both see the
+/// same moment of this shared host's memory), step time against the prefetching one: qwen3-30b-a3b
+/// Q4_K single stream 0.89–0.99× (ten runs of 256 tokens; 0.89–0.93 while the host streamed
+/// fastest), qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six windows of
+/// 30 pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02× and keeping
+/// the far prefetch alone in one-row tiles 1.14–1.16×.
 fn single_row_prefetch() -> bool {
     static SINGLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SINGLE.get_or_init(crate::kernels::isa::cpu_is_intel)
