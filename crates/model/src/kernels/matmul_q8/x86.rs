@@ -77,8 +77,7 @@ const PREFETCH_L1_BYTES: usize = 2304;
 /// There the L2 streamer runs ahead on its own, and a software prefetch holds one of the core's
 /// few fill buffers until its line arrives, as a demand miss does.
 fn far_prefetch() -> bool {
-    static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAR.get_or_init(|| !crate::kernels::isa::cpu_is_intel())
+    !intel()
 }
 
 /// Whether a one-row tile prefetches its weights at all: on Intel only, where no prefetch at all
@@ -93,8 +92,14 @@ fn far_prefetch() -> bool {
 /// 30 pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02× and keeping
 /// the far prefetch alone in one-row tiles 1.14–1.16×.
 fn single_row_prefetch() -> bool {
-    static SINGLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SINGLE.get_or_init(crate::kernels::isa::cpu_is_intel)
+    intel()
+}
+
+/// Whether the CPU is Intel's, asked of CPUID once (the prefetch choices above read it on every
+/// tile call).
+fn intel() -> bool {
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(crate::kernels::isa::cpu_is_intel)
 }
 
 /// Prefetch the panel blocks those distances after the one at `base` (past the panel's end the
