@@ -4,7 +4,7 @@
 # run, written to docs/benchmarks-moe.md with the commands. Not part of CI (about an hour on a
 # 2-core machine, most of it writing and loading the 17 GB file).
 #
-#   scripts/bench_moe.sh            # SHAPE=qwen3-30b-a3b TYPE=q4_k REPS=2 ROUNDS=2 THREADS=2 PARALLEL=16
+#   scripts/bench_moe.sh            # SHAPE=qwen3-30b-a3b TYPE=q4_k REPS=2 ROUNDS=3 THREADS=2 PARALLEL=16
 #   REPORT_ONLY=1 scripts/bench_moe.sh   # rewrite the report from the last run's raw files
 #
 # Measured: pp512 and tg128 for one sequence (llama-bench against `flint bench latency`), the
@@ -14,6 +14,8 @@
 # bandwidth ceiling. llama.cpp is built as scripts/bench_vs_llamacpp.sh builds it (same cache).
 # The pairs alternate for ROUNDS rounds (llama.cpp, flint, llama.cpp, flint, ...): this host's
 # bandwidth moves with its neighbours' load, so the report gives each round's ratio and their median.
+# Three rounds by default: with two, the "median" is the mean of a pair, and one round in a slow
+# window moved it by a tenth (tg128 1.08 and 1.29, 16 sequences 2.02 and 1.73 on 2026-12-05).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,7 +23,7 @@ WORK=${WORK:-$ROOT/target/llamacpp}
 SHAPE=${SHAPE:-qwen3-30b-a3b}
 TYPE=${TYPE:-q4_k}
 REPS=${REPS:-2}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 PARALLEL=${PARALLEL:-16}
 MODEL=${MODEL:-$WORK/models/$SHAPE-$TYPE/model-$TYPE.gguf}
