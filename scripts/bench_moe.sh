@@ -60,7 +60,7 @@ else
     local name=$1; shift
     # Each command once in the list: round 1's (later rounds repeat it with their own output file)
     # and those outside the rounds (their names do not end in a digit).
-    case $name in *-r1 | *[!0-9]) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
+    case $name in membw-*-r*) ;; *-r1 | *[!0-9]) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
     echo "== $name: $*" >&2
     /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err"
   }
@@ -73,7 +73,9 @@ else
     MEMBW=1
     run membw env OMP_NUM_THREADS="$THREADS" "$WORK/membw"
   fi
+  # Each round starts with a bandwidth run, so its pair is set against the memory of its own minutes.
   for i in $(seq 1 "$ROUNDS"); do
+    if [ "$MEMBW" = 1 ]; then run "membw-tg-r$i" env OMP_NUM_THREADS="$THREADS" "$WORK/membw"; fi
     run "llama-bench-r$i" "$B/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r "$REPS" -o json
     # flint's KV cache at 16 bits, as llama.cpp's default f16 cache: the same bytes per token (its
     # `auto` is f32, twice that, which 16 sequences' 4,096 tokens would put into the peak RSS).
@@ -81,6 +83,7 @@ else
       --kv-cache-dtype bf16 --json "$RAW/flint-latency-r$i.json"
   done
   for i in $(seq 1 "$ROUNDS"); do
+    if [ "$MEMBW" = 1 ]; then run "membw-par-r$i" env OMP_NUM_THREADS="$THREADS" "$WORK/membw"; fi
     run "llama-batched-r$i" "$B/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
       -npp 128 -ntg 128 -npl "$PARALLEL" --output-format jsonl
     run "flint-parallel-r$i" "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
@@ -275,6 +278,27 @@ if bw and per_token and ft:
                   f"{cap:.1f} tokens/s, {cap / l:.2f}× llama-batched-bench's S_TG, before any arithmetic; flint's "
                   f"decode phase moves {f * step / p / 1e9:.1f} GB/s ({100 * f * step / p / 1e9 / best:.0f}% of the read "
                   f"best), llama.cpp's {l * step / p / 1e9:.1f} GB/s."]
+    # Each pair against the bandwidth measured just before its round (runs from before these
+    # per-round measurements have none: the table is left out).
+    def round_bw(kind, s):
+        m = re.search(r"membw pages=huge .*", read(f"membw-{kind}{s}.txt"))
+        return {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", m.group(0))} if m else None
+    rows = []
+    for n, s in enumerate(sfx, 1):
+        pairs = [("tg", "tg128", llama_round("tg", s), flint_round("tg", s), per_token)]
+        if lt and l and f and None not in (hidden, experts, size, k, sparse) and ty in per_value:
+            pairs.append(("par", f"{par} sequences", batched_round(s), parallel_round(s), step / int(par)))
+        for kind, label, lr, fr, bytes_per_token in pairs:
+            b = round_bw(kind, s)
+            if b is None or lr is None or fr is None:
+                continue
+            med = b["read_median"]
+            cell = lambda r: f"{r[0] * bytes_per_token / 1e9:.1f} ({100 * r[0] * bytes_per_token / 1e9 / med:.0f}%)"
+            rows.append(f"| {n} | {label} | {b['read_best']:.1f} / {med:.1f} | {cell(lr)} | {cell(fr)} |")
+    if rows:
+        lines += ["", "Each round's pairs against `membw` run just before them (huge pages, GB/s); each program's "
+                  "weight bytes a second, and their share of that read median:", "",
+                  "| round | pair | read best / median | llama.cpp | flint |", "|---|---|---:|---:|---:|"] + rows
 lines += ["", "## Commands", "", "```"] + cmds + ["```", ""]
 open(out, "w").write("\n".join(lines))
 print("\n".join(lines))
