@@ -230,7 +230,10 @@ for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint
     g = rss_gb(name)
     lines.append(f"| {label} | {'–' if g is None else f'{g:.2f} GB'} | {'–' if g is None else f'{g / file_gb:.2f}×'} |")
 # Both bandwidth runs (start and end of the run), per page size; the bounds use the better one.
-runs = [(when, m.group(1), {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", m.group(0))})
+def membw_fields(line):
+    # `membw pages=huge read_best=… read_median=…` as {read_best: …, …}.
+    return {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", line)}
+runs = [(when, m.group(1), membw_fields(m.group(0)))
         for when, name in [("start", "membw.txt"), ("end", "membw-end.txt")]
         for m in re.finditer(r"membw pages=(\w+) .*", read(name))]
 bw = {}
@@ -265,6 +268,7 @@ if bw and per_token and ft:
     hidden, experts, size, k, sparse = (g(r"hidden size:\s+(\d+)"), g(r"experts:\s+(\d+) of"),
                                         g(r"of size (\d+)"), g(r"(\d+) per token"), g(r"(\d+) of \d+ layers sparse"))
     per_value = {"q4_k": 144 / 256, "q4_0": 18 / 32, "q8_0": 34 / 32, "q6_k": 210 / 256, "bf16": 2, "f16": 2, "f32": 4}
+    step = None  # the weight bytes of a step of `par` sequences, where the inspection gives them
     if lt and l and f and None not in (hidden, experts, size, k, sparse) and ty in per_value:
         p = int(par)
         all_experts = sparse * experts * 3 * hidden * size * per_value[ty]
@@ -282,11 +286,11 @@ if bw and per_token and ft:
     # per-round measurements have none: the table is left out).
     def round_bw(kind, s):
         m = re.search(r"membw pages=huge .*", read(f"membw-{kind}{s}.txt"))
-        return {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", m.group(0))} if m else None
+        return membw_fields(m.group(0)) if m else None
     rows = []
     for n, s in enumerate(sfx, 1):
         pairs = [("tg", "tg128", llama_round("tg", s), flint_round("tg", s), per_token)]
-        if lt and l and f and None not in (hidden, experts, size, k, sparse) and ty in per_value:
+        if step:
             pairs.append(("par", f"{par} sequences", batched_round(s), parallel_round(s), step / int(par)))
         for kind, label, lr, fr, bytes_per_token in pairs:
             b = round_bw(kind, s)
