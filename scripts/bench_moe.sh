@@ -233,6 +233,10 @@ for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint
 def membw_fields(line):
     # `membw pages=huge read_best=… read_median=…` as {read_best: …, …}.
     return {k: float(v) for k, v in re.findall(r"(\w+_\w+)=([0-9.]+)", line)}
+def huge_bw(name):
+    # The huge-page line of one membw output file, as fields (None where the file has none).
+    m = re.search(r"membw pages=huge .*", read(name))
+    return membw_fields(m.group(0)) if m else None
 runs = [(when, m.group(1), membw_fields(m.group(0)))
         for when, name in [("start", "membw.txt"), ("end", "membw-end.txt")]
         for m in re.finditer(r"membw pages=(\w+) .*", read(name))]
@@ -262,7 +266,7 @@ if bw and per_token and ft:
     # a run's best, as a run's median can fall on a switch between windows), not for the best alone:
     # a round in a slow window cannot reach a ratio the fast window allows.
     bests = [v["read_best"] for name in ["membw.txt", *(f"membw-{k}{s}.txt" for k in ("tg", "par") for s in sfx), "membw-end.txt"]
-               if (m := re.search(r"membw pages=huge .*", read(name))) for v in [membw_fields(m.group(0))]]
+             if (v := huge_bw(name))]
     lo, hi = (min(bests), max(bests)) if bests else (best, best)
     if lt:
         lt_gbs = lt[0] * per_token / 1e9
@@ -296,16 +300,13 @@ if bw and per_token and ft:
                   "compute about as fast as the memory streams."]
     # Each pair against the bandwidth measured just before its round (runs from before these
     # per-round measurements have none: the table is left out).
-    def round_bw(kind, s):
-        m = re.search(r"membw pages=huge .*", read(f"membw-{kind}{s}.txt"))
-        return membw_fields(m.group(0)) if m else None
     rows = []
     for n, s in enumerate(sfx, 1):
         pairs = [("tg", "tg128", llama_round("tg", s), flint_round("tg", s), per_token)]
         if step:
             pairs.append(("par", f"{par} sequences", batched_round(s), parallel_round(s), step / int(par)))
         for kind, label, lr, fr, bytes_per_token in pairs:
-            b = round_bw(kind, s)
+            b = huge_bw(f"membw-{kind}{s}.txt")
             if b is None or lr is None or fr is None:
                 continue
             med = b["read_median"]
