@@ -100,9 +100,11 @@ pub fn as_uninit(y: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// a call, each thread's a new stream scattered between the other's. Zen 4, 2 threads, one row,
 /// the same step or call alternated in one process: qwen3-30b-a3b's q/k/v and o sized Q4_K calls
 /// (48 layers' worth, `call_cost`) streamed 5.7–8.4% faster while the host's memory was fast
-/// (about 65 GB/s), 0.5–1.4% while it was slow (37 GB/s); the whole qwen3-30b-a3b Q4_K model's
-/// single-stream decode step 4.6% faster (median of 768 pairs, 23 tokens/s), its 16-sequence
-/// step 0.8% (61 pairs, slow window).
+/// (about 65 GB/s; eight runs), −0.3 to +1.4% while it was slow (37 GB/s; fourteen runs); the
+/// whole qwen3-30b-a3b Q4_K model's single-stream decode step 4.6% faster (median of 768 pairs,
+/// 23 tokens/s), its 16-sequence step 0.7% (83 triples, 0.4% in the slower steps, 1.0% in the
+/// faster). A burst of software prefetches at the start of each range (4, 16, 64 KB) was 0 to 5%
+/// slower, and one for the next expert's first panel in the grouped kernels 0.2%.
 pub(crate) fn by_panel_stripes(
     m: usize,
     cols: usize,
