@@ -177,23 +177,7 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
     if n == 0 {
         return;
     }
-    let local = LOCAL.with(|l| l.borrow().clone());
-    let pool = match &local {
-        Some(p) => &p.0,
-        None => POOL.get_or_init(|| Pool::start(global_threads(), None)),
-    };
-    if n == 1 || pool.workers.is_empty() {
-        (0..n).for_each(&f);
-        return;
-    }
-    // One job at a time; a second caller (another thread, or a task that itself calls a
-    // kernel) runs its tasks on its own thread rather than wait.
-    let Ok(_busy) = pool.busy.try_lock() else {
-        (0..n).for_each(&f);
-        return;
-    };
-    let work = Work::Tasks { f: &f, next: AtomicUsize::new(0) };
-    publish(pool, &Job { work, n, done: AtomicUsize::new(0), panicked: AtomicBool::new(false) });
+    run_job(n, || (0..n).for_each(&f), |_| Work::Tasks { f: &f, next: AtomicUsize::new(0) });
 }
 
 /// Run `f` on ranges that together cover `0..n` once each, spread over the pool; returns when
@@ -208,22 +192,39 @@ pub fn run_ranges(n: usize, f: impl Fn(Range<usize>) + Sync) {
     if n == 0 {
         return;
     }
+    // Shares are packed as two 32-bit halves; a larger job (never a matrix's panels) runs whole.
+    if n > u32::MAX as usize {
+        return f(0..n);
+    }
+    run_job(
+        n,
+        || f(0..n),
+        |threads| {
+            let share = |t: usize| Share(AtomicU64::new(pack(t * n / threads, (t + 1) * n / threads)));
+            Work::Ranges { f: &f, shares: (0..threads).map(share).collect() }
+        },
+    );
+}
+
+/// Run a job of `n` (at least 1) tasks or units on the pool that kernels called from this thread use:
+/// `work(threads)` spread over its threads, or `whole()` on this thread alone where the pool has
+/// no workers, the job is one unit, or the pool is busy.
+fn run_job<'a>(n: usize, whole: impl FnOnce(), work: impl FnOnce(usize) -> Work<'a>) {
     let local = LOCAL.with(|l| l.borrow().clone());
     let pool = match &local {
         Some(p) => &p.0,
         None => POOL.get_or_init(|| Pool::start(global_threads(), None)),
     };
-    // Shares are packed as two 32-bit halves; a larger job (never a matrix's panels) runs whole.
-    if n == 1 || pool.workers.is_empty() || n > u32::MAX as usize {
-        return f(0..n);
+    if n == 1 || pool.workers.is_empty() {
+        return whole();
     }
+    // One job at a time; a second caller (another thread, or a task that itself calls a
+    // kernel) runs its tasks on its own thread rather than wait.
     let Ok(_busy) = pool.busy.try_lock() else {
-        return f(0..n);
+        return whole();
     };
-    let threads = pool.threads;
-    let shares = (0..threads).map(|t| Share(AtomicU64::new(pack(t * n / threads, (t + 1) * n / threads)))).collect();
-    let work = Work::Ranges { f: &f, shares };
-    publish(pool, &Job { work, n, done: AtomicUsize::new(0), panicked: AtomicBool::new(false) });
+    let job = Job { work: work(pool.threads), n, done: AtomicUsize::new(0), panicked: AtomicBool::new(false) };
+    publish(pool, &job);
 }
 
 /// Hand `job` to the pool's workers, work on it on this thread (thread 0), and wait until every
