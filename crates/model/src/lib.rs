@@ -8,6 +8,7 @@ pub mod decoder;
 pub mod device;
 pub mod device_cache;
 pub mod error;
+mod file_pages;
 pub mod gguf;
 pub mod gguf_export;
 pub mod gguf_scan;

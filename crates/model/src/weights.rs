@@ -13,6 +13,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, Metadata};
 
 use crate::error::{ModelError, Result};
+use crate::file_pages;
 use crate::gguf::hf_to_gguf_name;
 
 /// A loaded weight: dense (in the compute dtype) or still in a GGUF block-quantized format.
@@ -156,6 +157,8 @@ impl WeightSource {
 
 struct MappedFile {
     path: PathBuf,
+    /// Kept open to drop what has been read from the page cache (see [`file_pages`]).
+    file: File,
     mmap: Mmap,
     /// Byte offset of the tensor data (after the 8-byte length and the JSON header).
     data_start: usize,
@@ -243,7 +246,7 @@ impl SafetensorsFiles {
                     });
                 }
             }
-            files.push(MappedFile { path: path.clone(), mmap, data_start, metadata });
+            files.push(MappedFile { path: path.clone(), file, mmap, data_start, metadata });
         }
         let bare = !index.keys().any(|k| k.starts_with("model.")) && index.contains_key("embed_tokens.weight");
         Ok(Self { dir: dir.to_path_buf(), files, index, bare })
@@ -283,7 +286,8 @@ impl SafetensorsFiles {
             return Err(bad(format!("holds {} bytes, its shape needs {expected}", bytes.len())));
         }
         let t = Tensor::from_raw_buffer(bytes, src_dtype, &info.shape, device).map_err(|e| bad(e.to_string()))?;
-        release(&f.mmap, f.data_start + start, end - start);
+        file_pages::unmap(&f.mmap, f.data_start + start, end - start);
+        file_pages::uncache(&f.file);
         let keep = keep_half && matches!(src_dtype, DType::BF16 | DType::F16);
         Ok(if src_dtype == dtype || keep { t } else { t.to_dtype(dtype)? })
     }
@@ -304,20 +308,6 @@ impl SafetensorsFiles {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
-}
-
-/// Drop this process's mapping of `len` bytes at `offset` once the tensor there has been copied
-/// out: the pages stay in the page cache, but no longer count in the process's resident memory,
-/// so a loaded checkpoint is held once (its packed copy), not twice. A later read (a tensor
-/// sharing the edge page) maps them again from the unchanged file.
-fn release(mmap: &Mmap, offset: usize, len: usize) {
-    #[cfg(unix)]
-    // SAFETY: the mapping is of a read-only file opened for reading; after MADV_DONTNEED a read
-    // refaults the same bytes from the file, so no reference into it sees different contents.
-    // Failure only leaves the pages mapped.
-    let _ = unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
-    #[cfg(not(unix))]
-    let _ = (mmap, offset, len);
 }
 
 /// A GGUF file: its metadata and tensor directory are read at open; tensors on demand.
@@ -359,11 +349,13 @@ impl GgufWeights {
             file: self.path.clone(),
             msg: "file handle poisoned by an earlier failure".into(),
         })?;
-        self.content.tensor(&mut *file, name, &Device::Cpu).map_err(|e| ModelError::BadTensor {
+        let tensor = self.content.tensor(&mut *file, name, &Device::Cpu).map_err(|e| ModelError::BadTensor {
             file: self.path.clone(),
             name: name.to_string(),
             msg: first_line(&e.to_string()),
-        })
+        })?;
+        file_pages::uncache(&file);
+        Ok(tensor)
     }
 
     /// Heads whose rows llama.cpp interleaved in this tensor, if it is a permuted q or k.
