@@ -8,15 +8,10 @@
 
 mod common;
 
-use common::{arg, q4k, Rng};
+use common::{arg, median, q4k, Rng};
 use flint_model::kernels::matmul_q8::{matmul_uninit, PackedQ8};
 use std::mem::MaybeUninit;
 use std::time::Instant;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() {
     let iters: usize = arg("--iters", "30").parse().expect("--iters: a number");
@@ -55,8 +50,8 @@ fn main() {
     }
     println!(
         "median: one call {:.1} GB/s, layer-sized calls {:.1} GB/s, ratio {:.2}",
-        median(big),
-        median(small),
-        median(ratio)
+        median(&big),
+        median(&small),
+        median(&ratio)
     );
 }

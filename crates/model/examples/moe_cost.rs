@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{arg, q4k, Rng, Q4K_BYTES};
+use common::{arg, median, q4k, Rng, Q4K_BYTES};
 use flint_model::kernels::huge_buf::HugeBuf;
 use flint_model::kernels::matmul_q8::{grouped_gated_uninit, grouped_uninit, ExpertJob, PackedQ8};
 use flint_model::kernels::{as_uninit, pool};
@@ -99,11 +99,6 @@ fn main() {
             read.push(chosen.len());
         }
     }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let ratios: Vec<f64> = peer.iter().zip(&times).map(|(p, t)| p / t).collect();
     let experts = read.iter().sum::<usize>() as f64 / read.len() as f64;
     let (file, streamed) = (experts * expert_bytes as f64, experts * proj_bytes.iter().sum::<usize>() as f64);

@@ -1,6 +1,6 @@
-//! What the cost examples share: their argument reading, their random numbers and their Q4_K
-//! weights. (A folder module, so cargo does not take it for an example of its own.) Each example
-//! uses only some of it.
+//! What the cost examples share: their argument reading, their random numbers, their Q4_K
+//! weights and their medians. (A folder module, so cargo does not take it for an example of its
+//! own.) Each example uses only some of it.
 #![allow(dead_code)]
 
 use flint_model::kernels::matmul_q8::{Format, PackedQ8};
@@ -12,6 +12,13 @@ pub const Q4K_BYTES: usize = 144;
 pub fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
+}
+
+/// The median of `v` (the upper one of an even count), as every example reports its timings.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// xorshift32: deterministic inputs without a dependency.
