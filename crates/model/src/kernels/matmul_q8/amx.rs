@@ -297,10 +297,10 @@ unsafe fn fold_block_avx512(
 ) {
     use std::arch::x86_64::*;
     let (head, meta) = (f.header_at(b), f.block_at(b) + f.values());
-    assert!(meta + 2 * COLS <= panel.len() && head + 4 * COLS <= panel.len(), "amx fold: block inside the panel");
-    // SAFETY (every load below): `meta` has the block's 32 bytes of scales after it and `head` the
-    // super-block's 64 (Q4_K) or 32 (Q6_K) bytes of f16 scales, inside `panel` (checked above);
-    // `lo`, `hi` and `acc` rows are 16 values each.
+    assert!(meta + f.meta() <= panel.len() && head + 4 * COLS <= panel.len(), "amx fold: block inside the panel");
+    // SAFETY (every load below): `meta` has the block's scales after it (Q4_K 24 bytes, else 32),
+    // and `head` the super-block's 64 (Q4_K) or 32 (Q6_K) bytes of f16 scales, inside `panel`
+    // (checked above); `lo`, `hi` and `acc` rows are 16 values each.
     let p = panel.as_ptr();
     let sums = |v: &[i32; 16]| unsafe { _mm512_cvtepi32_ps(_mm512_loadu_si512(v.as_ptr().cast())) };
     let f16x16 = |at: usize| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at).cast())) };
@@ -310,8 +310,9 @@ unsafe fn fold_block_avx512(
     let (w0, w1) = match f {
         Format::Q8_0 | Format::Q4_0 => (f16x16(meta), _mm512_setzero_ps()),
         Format::Q4_K => {
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(meta)));
-            let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(meta + COLS)));
+            // SAFETY: as above.
+            let (sc, m) = unsafe { super::x86::q4k_meta(p.add(meta)) };
+            let (sc, m) = (_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
             let dmin = _mm512_castps_si512(f16x16(head + 2 * COLS));
             let nmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, _mm512_set1_epi32(i32::MIN)));
             (_mm512_mul_ps(sc, f16x16(head)), _mm512_mul_ps(m, nmin))

@@ -148,6 +148,21 @@ pub unsafe fn tile_vnni(format: Format, rows: &[&QuantRow], panel: &[u8], nb: us
     }
 }
 
+/// [`super::q4k_meta`] for all 16 columns of a Q4_K panel block's scales at `meta`: (`sc`, `m`),
+/// a byte per column. Plain SSE2, so every path's target features cover it.
+#[inline(always)]
+pub(super) unsafe fn q4k_meta(meta: *const u8) -> (__m128i, __m128i) {
+    let low = _mm_loadu_si128(meta as *const __m128i);
+    let high = _mm_loadl_epi64(meta.add(COLS) as *const __m128i);
+    let nibble = _mm_set1_epi8(0x0F);
+    // Column c's nibble (byte c / 2, even columns low) into byte c. The 16-bit shifts carry bits
+    // across bytes only into positions the masks drop; `top << 2` stays within its byte (≤ 60).
+    let top = _mm_unpacklo_epi8(_mm_and_si128(high, nibble), _mm_and_si128(_mm_srli_epi16(high, 4), nibble));
+    let sc = _mm_and_si128(low, _mm_set1_epi8(63));
+    let m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 6), _mm_set1_epi8(3)), _mm_slli_epi16(top, 2));
+    (sc, m)
+}
+
 /// Q6_K's top two bits of group `g % 4` from its 2-bit-field vector, at bits 4–5 of each byte.
 /// (The 16-bit shifts carry bits across bytes only into positions the mask drops.)
 #[inline(always)]
@@ -252,8 +267,9 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb
         let meta = base.add(vals);
         match F {
             Q4_K => {
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(meta as *const __m128i)));
-                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
+                let (sc, m) = q4k_meta(meta);
+                let (sc, m) =
+                    (_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
                 let (ds, mn) = (_mm512_mul_ps(sc, d), _mm512_mul_ps(m, nmin));
                 for r in 0..R {
                     let x = *dx[r].add(b);
@@ -396,15 +412,26 @@ unsafe fn avx2<const F: u8, const R: usize>(
         }
         let meta = base.add(vals);
         let bytes = |at: usize| _mm_loadl_epi64(meta.add(at + h * 8) as *const __m128i);
+        // Q4_K's six-bit scales, this half's 8 columns in the low 8 bytes.
+        let (sc, m) = if F == Q4_K {
+            let (sc, m) = q4k_meta(meta);
+            if h == 0 {
+                (sc, m)
+            } else {
+                (_mm_srli_si128(sc, 8), _mm_srli_si128(m, 8))
+            }
+        } else {
+            (_mm_setzero_si128(), _mm_setzero_si128())
+        };
         for r in 0..R {
             let row = rows.get_unchecked(r);
             let (x, sm, hf) = (*row.d.get_unchecked(b), *row.sum.get_unchecked(b), *row.half.get_unchecked(b));
             let xv = _mm256_set1_ps(x);
             match F {
                 Q4_K => {
-                    let ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(0))), d);
+                    let ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), d);
                     f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_mul_ps(ds, xv), f[r]);
-                    let mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(COLS))), nmin);
+                    let mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)), nmin);
                     f[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(*row.dsum.get_unchecked(b)), f[r]);
                 }
                 Q6_K => {
