@@ -9,9 +9,10 @@
 #
 # Measured: pp512 and tg128 for one sequence (llama-bench against `flint bench latency`), the
 # aggregate decode rate of 16 parallel sequences (llama-batched-bench against `flint bench
-# throughput`), each program's peak RSS (GNU time), this machine's memory bandwidth
-# (scripts/membw.c) and the bytes a token reads (`flint inspect`), for the decode's share of the
-# bandwidth ceiling. llama.cpp is built as scripts/bench_vs_llamacpp.sh builds it (same cache).
+# throughput`), each program's peak RSS (GNU time) and the huge pages in use while it ran, this
+# machine's memory bandwidth (scripts/membw.c) and the bytes a token reads (`flint inspect`), for
+# the decode's share of the bandwidth ceiling. llama.cpp is built as scripts/bench_vs_llamacpp.sh
+# builds it (same cache).
 # The pairs alternate for ROUNDS rounds (llama.cpp, flint, llama.cpp, flint, ...): this host's
 # bandwidth moves with its neighbours' load, so the report gives each round's ratio and their median.
 # Three rounds by default: with two, the "median" is the mean of a pair, and one round in a slow
@@ -62,11 +63,24 @@ else
     # and those outside the rounds (their names do not end in a digit).
     case $name in membw-*-r*) ;; *-r1 | *[!0-9]) CMDS+=("$(echo "$*" | sed "s|$ROOT/||g")") ;; esac
     echo "== $name: $*" >&2
-    /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err"
+    /usr/bin/time -f "maxrss_kb=%M" -o "$RAW/$name.rss" "$@" >"$RAW/$name.txt" 2>"$RAW/$name.err" &
+    # The machine's anonymous huge pages while it runs (/proc/meminfo every 2 s, the largest kept):
+    # flint's packed weights stream about a fifth slower from 4 KiB pages, so a run that got fewer
+    # huge pages than its weights is not comparable.
+    local pid=$! huge_kb=0 h
+    while kill -0 "$pid" 2>/dev/null; do
+      h=$(awk '/^AnonHugePages:/ {print $2}' /proc/meminfo)
+      if [ "${h:-0}" -gt "$huge_kb" ]; then huge_kb=$h; fi
+      sleep 2
+    done
+    local rc=0
+    wait "$pid" || rc=$?
+    echo "anonhuge_kb=$huge_kb" >"$RAW/$name.huge"
+    return "$rc"
   }
 
   # Nothing from an earlier run (with or without rounds) may join this one's report.
-  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss
+  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss "$RAW"/*.huge
   run flint-inspect "$F" inspect --model "$MODEL"
   MEMBW=0
   if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
@@ -224,11 +238,19 @@ if len(sfx) > 1:
                  f"{rfmt(ratio_of(parallel_round, batched_round))} |")
 lines.append("")
 lines += ["## Peak memory (GNU time, maximum resident set; the largest of the rounds)", "",
-          "| program | peak RSS | of the file |", "|---|---:|---:|"]
+          "Huge pages: the machine's `AnonHugePages` (/proc/meminfo, every 2 s) at its largest while the program "
+          "ran. flint's packed weights should all be on them; llama.cpp maps the file instead.", "",
+          "| program | peak RSS | of the file | huge pages (peak) |", "|---|---:|---:|---:|"]
+def huge_gb(name):
+    # The machine's AnonHugePages at its largest during the program's rounds (older runs: none).
+    kb = [int(m.group(1)) for s in sfx if (m := re.search(r"anonhuge_kb=(\d+)", read(name + s + ".huge")))]
+    return max(kb) * 1024 / 1e9 if kb else None
 for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint-latency", "flint bench latency"),
                     ("llama-batched", "llama-batched-bench"), ("flint-parallel", "flint bench throughput")]:
     g = rss_gb(name)
-    lines.append(f"| {label} | {'–' if g is None else f'{g:.2f} GB'} | {'–' if g is None else f'{g / file_gb:.2f}×'} |")
+    h = huge_gb(name)
+    lines.append(f"| {label} | {'–' if g is None else f'{g:.2f} GB'} | {'–' if g is None else f'{g / file_gb:.2f}×'} | "
+                 f"{'–' if h is None else f'{h:.2f} GB'} |")
 # Both bandwidth runs (start and end of the run), per page size; the shares use the better one.
 def membw_fields(line):
     # `membw pages=huge read_best=… read_median=…` as {read_best: …, …}.
