@@ -75,13 +75,19 @@ const PREFETCH_L1_BYTES: usize = 2304;
 /// (none at all: 21.4–21.5; L2 alone: 22.8–23.1), a Q4_K qwen2.5-1.5b decoded 28.9–29.7 tok/s
 /// against 25.9–28.0.
 /// There the L2 streamer runs ahead on its own, and a software prefetch holds one of the core's
-/// few fill buffers until its line arrives, as a demand miss does.
+/// few fill buffers until its line arrives, as a demand miss does: in a profile of the 16-sequence
+/// decode there, 41% of the tile's samples sat on its `prefetcht0`s. Other L1 prefetches on the
+/// same Xeon (`moe_cost --rows 16`, 2 alternations, time against these distances): twice as far
+/// 1.10–1.15×, half as far 0.98×, every other line 0.98–1.04×, into L2 (T1) 0.95–0.97×; none
+/// clear of the noise.
 fn far_prefetch() -> bool {
     !intel()
 }
 
-/// Whether a one-row tile prefetches its weights at all: on Intel only, where no prefetch at all
-/// streamed slower (see [`far_prefetch`]) and one-row tiles alone were not tried. One-row tiles are
+/// Whether a one-row tile prefetches its weights at all: on Intel only, where one-row calls without
+/// it streamed at 0.77× (`call_cost`, Sapphire Rapids-class Xeon, 2 threads, 3 alternated rounds:
+/// one lm_head-sized Q4_K call 21.5–22.1 against 28.1–29.1 GB/s, qwen3-30b-a3b's per-layer calls
+/// 20.2–21.1 against 26.3–27.5; adding the far prefetch was level, 27.8–28.8). One-row tiles are
 /// every matmul of a single sequence's decode, and a mixture's experts that one row chose. Their
 /// loop is quick enough per byte that the hardware streamer and the out-of-order window keep the
 /// misses in flight, and the ten prefetch instructions a 288-byte Q4_K block only cost. Zen 4, 2
