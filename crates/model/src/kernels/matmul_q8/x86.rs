@@ -79,7 +79,12 @@ const PREFETCH_L1_BYTES: usize = 2304;
 /// decode there, 41% of the tile's samples sat on its `prefetcht0`s. Other L1 prefetches on the
 /// same Xeon (`moe_cost --rows 16`, 2 alternations, time against these distances): twice as far
 /// 1.10–1.15×, half as far 0.98×, every other line 0.98–1.04×, into L2 (T1) 0.95–0.97×; none
-/// clear of the noise.
+/// clear of the noise. Asking for the first two lines of each 4 KiB page 16 KiB ahead (Intel's L2
+/// streamer stops at every 4 KiB boundary and trains again) looked better alone while `membw`
+/// read 25.5 GB/s: one-row calls (`call_cost`) 24.4–25.3 against 17.7–18.9 GB/s, the experts at
+/// 16 rows (`moe_cost`) 9.9–10.4 against 12.4–12.7 ms a layer. On the whole model, alternated
+/// with the same binary without it, it was level: 16 sequences 25.91 and 25.27 against 24.38 and
+/// 25.78 tok/s, tg128 11.83 against 12.03. Not kept.
 fn far_prefetch() -> bool {
     !intel()
 }
