@@ -135,10 +135,11 @@ def read(name):
 # The rounds that ran (files `<name>-r<i>.*`; a run from before the rounds has one, unnumbered).
 rounds = sorted(int(m.group(1)) for f in os.listdir(raw) if (m := re.fullmatch(r"llama-bench-r(\d+)\.txt", f)))
 sfx = [f"-r{i}" for i in rounds] or [""]
-def rss_gb(name):
-    # The largest over the rounds.
-    kb = [int(m.group(1)) for s in sfx if (m := re.search(r"maxrss_kb=(\d+)", read(name + s + ".rss")))]
+def largest_gb(name, ext, key):
+    # The largest `key=<kB>` over the rounds' `<name>-r<i><ext>` files (None where there are none).
+    kb = [int(m.group(1)) for s in sfx if (m := re.search(key + r"=(\d+)", read(name + s + ext)))]
     return max(kb) * 1024 / 1e9 if kb else None
+rss_gb = partial(largest_gb, ext=".rss", key="maxrss_kb")
 def llama_round(kind, s):
     for r in json.loads(read(f"llama-bench{s}.txt") or "[]"):
         if kind == "pp" and r.get("n_prompt") == 512 and r.get("n_gen") == 0:
@@ -241,14 +242,10 @@ lines += ["## Peak memory (GNU time, maximum resident set; the largest of the ro
           "Huge pages: the machine's `AnonHugePages` (/proc/meminfo, every 2 s) at its largest while the program "
           "ran. flint's packed weights should all be on them; llama.cpp maps the file instead.", "",
           "| program | peak RSS | of the file | huge pages (peak) |", "|---|---:|---:|---:|"]
-def huge_gb(name):
-    # The machine's AnonHugePages at its largest during the program's rounds (older runs: none).
-    kb = [int(m.group(1)) for s in sfx if (m := re.search(r"anonhuge_kb=(\d+)", read(name + s + ".huge")))]
-    return max(kb) * 1024 / 1e9 if kb else None
 for name, label in [("llama-bench", "llama-bench (memory-mapped file)"), ("flint-latency", "flint bench latency"),
                     ("llama-batched", "llama-batched-bench"), ("flint-parallel", "flint bench throughput")]:
     g = rss_gb(name)
-    h = huge_gb(name)
+    h = largest_gb(name, ".huge", "anonhuge_kb")  # older runs kept none
     lines.append(f"| {label} | {'–' if g is None else f'{g:.2f} GB'} | {'–' if g is None else f'{g / file_gb:.2f}×'} | "
                  f"{'–' if h is None else f'{h:.2f} GB'} |")
 # Both bandwidth runs (start and end of the run), per page size; the shares use the better one.
