@@ -65,7 +65,8 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 /// no prefetch in the 1–3-row tiles (the experts' case) 0.84–0.94×. With no prefetch at all, a
 /// lone 180 MB matrix at one row streamed faster while the host's bandwidth peaked (55–59
 /// against 46 GB/s), and the model's 16-token prefill lost 15–20%. One-row tiles do better
-/// without it: see [`single_row_prefetch`].
+/// without it: see [`single_row_prefetch`]. The L1 distance reaches the tiles opaque to the
+/// compiler: see [`Ahead::new`].
 const PREFETCH_L2_BYTES: usize = 9216;
 const PREFETCH_L1_BYTES: usize = 2304;
 
@@ -113,15 +114,50 @@ fn intel() -> bool {
     *INTEL.get_or_init(crate::kernels::isa::cpu_is_intel)
 }
 
-/// Prefetch the panel blocks those distances after the one at `base` (past the panel's end the
-/// addresses are only hints, never read); the far one only when `far`.
+/// How far ahead a tile's weight stream is prefetched, in bytes: whole panel blocks of `pb`
+/// bytes, into L1 at `l1` and (where `far`) into L2 at `l2`. Worked out once per tile call.
+#[derive(Clone, Copy)]
+struct Ahead {
+    l1: usize,
+    l2: usize,
+    far: bool,
+}
+
+impl Ahead {
+    /// The L1 distance passes through `black_box`, so the compiler does not fold it into the
+    /// prefetch instructions' displacements. With it folded, the three-row Q4_K and Q6_K tiles
+    /// streamed a third slower than the two- and four-row ones on the Sapphire Rapids-class
+    /// Xeon, in the examples and in the `flint` binary alike, while the in-cache tile was as fast
+    /// as ever. The instructions were the same either way; only where the loops landed differed
+    /// (the slow three-row loops began on a 32-byte boundary, the fast ones 16 bytes past one),
+    /// so this is code placement, which any change to this file can move again. Measured
+    /// 2026-12-06, 2 threads, this against the folded build alternated:
+    /// - `q8_tile_cost --out 262144 --in 2048 --rows 1,2,3,4,5,6,7,8 --calls 3` (a 302 MB Q4_K
+    ///   weight streamed from memory): three rows 22.5–22.6 against 15.1–15.3 GB/s (Q6_K 22.5
+    ///   against 15.5); the other row counts within ±4%.
+    /// - qwen2.5-1.5b Q4_K (`flint synth`) decoding N sequences (`flint bench throughput
+    ///   --num-prompts N --max-num-seqs N`): 3 sequences 66.8–68.8 against 54.2–54.4 tok/s (so
+    ///   three cost more a step than four did); 1, 2, 4, 8 and 16 sequences −3% to +7%.
+    /// - qwen3-30b-a3b's experts at 16 rows (`moe_cost --rows 16 --iters 10`, where a tenth of
+    ///   the chosen experts have three rows): 9.3–9.7 against 9.6–10.7 ms a layer, 0.78–0.79
+    ///   against 0.72–0.76 of plain reads; the whole model's 16 sequences level within this
+    ///   host's noise (2 alternated rounds).
+    ///
+    /// A row count that streams well below both neighbours in the first command is this again.
+    fn new(pb: usize) -> Self {
+        let l1 = std::hint::black_box(PREFETCH_L1_BYTES);
+        Ahead { l1: (l1 / pb).max(1) * pb, l2: (PREFETCH_L2_BYTES / pb).max(1) * pb, far: far_prefetch() }
+    }
+}
+
+/// Prefetch the panel blocks `ahead` gives after the one at `base` (past the panel's end the
+/// addresses are only hints, never read).
 #[inline(always)]
-unsafe fn prefetch_ahead(base: *const u8, pb: usize, far: bool) {
-    let l2 = base.wrapping_add((PREFETCH_L2_BYTES / pb).max(1) * pb);
-    let l1 = base.wrapping_add((PREFETCH_L1_BYTES / pb).max(1) * pb);
+unsafe fn prefetch_ahead(base: *const u8, pb: usize, ahead: Ahead) {
+    let (l2, l1) = (base.wrapping_add(ahead.l2), base.wrapping_add(ahead.l1));
     let mut line = 0;
     while line < pb {
-        if far {
+        if ahead.far {
             _mm_prefetch(l2.wrapping_add(line) as *const i8, _MM_HINT_T1);
         }
         _mm_prefetch(l1.wrapping_add(line) as *const i8, _MM_HINT_T0);
@@ -190,7 +226,8 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     let format = Format::from_tag(F);
-    let (vals, pb, far) = (format.values(), format.panel_block(), far_prefetch());
+    let (vals, pb) = (format.values(), format.panel_block());
+    let ahead = Ahead::new(pb);
     let prefetch = R > 1 || single_row_prefetch();
     let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
     let (mut dsum, mut neg) = ([std::ptr::null::<f32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
@@ -213,7 +250,7 @@ unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb
         }
         let base = panel.as_ptr().add(format.block_at(b));
         if prefetch {
-            prefetch_ahead(base, pb, far);
+            prefetch_ahead(base, pb, ahead);
         }
         // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale), and
         // the Q4 formats their high nibbles for a few rows (below).
@@ -363,7 +400,8 @@ unsafe fn avx2<const F: u8, const R: usize>(
     h: usize,
 ) {
     let format = Format::from_tag(F);
-    let (vals, pb, far) = (format.values(), format.panel_block(), far_prefetch());
+    let (vals, pb) = (format.values(), format.panel_block());
+    let ahead = Ahead::new(pb);
     let mut f = [_mm256_setzero_ps(); R];
     let (low, ones, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(-128));
     let (mut d, mut nmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -378,7 +416,7 @@ unsafe fn avx2<const F: u8, const R: usize>(
         }
         let base = panel.as_ptr().add(format.block_at(b));
         if h == 0 {
-            prefetch_ahead(base, pb, far);
+            prefetch_ahead(base, pb, ahead);
         }
         let (mut ia, mut ib) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
         macro_rules! dot {
