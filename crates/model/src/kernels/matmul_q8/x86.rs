@@ -130,7 +130,8 @@ impl Ahead {
     /// Xeon, in the examples and in the `flint` binary alike, while the in-cache tile was as fast
     /// as ever. The instructions were the same either way; only where the loops landed differed
     /// (the slow three-row loops began on a 32-byte boundary, the fast ones 16 bytes past one),
-    /// so this is code placement, which any change to this file can move again. Measured
+    /// so this is code placement, which a change to this function, or to code that shifts where
+    /// it starts (functions are aligned to 16 bytes only), can move again. Measured
     /// 2026-12-06, 2 threads, this against the folded build alternated:
     /// - `q8_tile_cost --out 262144 --in 2048 --rows 1,2,3,4,5,6,7,8 --calls 3` (a 302 MB Q4_K
     ///   weight streamed from memory): three rows 22.5–22.6 against 15.1–15.3 GB/s (Q6_K 22.5
