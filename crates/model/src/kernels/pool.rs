@@ -300,6 +300,12 @@ impl<'a, T> Disjoint<'a, T> {
         Disjoint { ptr: buf.as_mut_ptr(), len: buf.len(), _buf: PhantomData }
     }
 
+    /// Where the buffer starts, for address hints (prefetches): nothing is read or written
+    /// through it.
+    pub(crate) fn start(&self) -> *const T {
+        self.ptr
+    }
+
     /// Elements `range` of the buffer (bounds-checked).
     ///
     /// # Safety
