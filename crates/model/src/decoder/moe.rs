@@ -21,6 +21,7 @@ use super::{Loader, Mlp, Ops};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::kernels::matmul_q8::{self, ExpertJob, PackedQ8};
+use crate::kernels::pool;
 use crate::kernels::rowwise::with_f32;
 use crate::linear::{pack_q8_rows, Linear};
 
@@ -184,12 +185,29 @@ fn merged_forward(
         expert_outputs(&routed, h, |ys| matmul_q8::grouped_uninit(&inputs, down, &down_jobs, ys))
     });
     let _sum = trace_span!("weighted_sum").entered();
+    let outputs = split_lens(&ys, &routed, h);
     let mut sum = vec![0f32; n * h];
-    for (&e, y) in chosen.iter().zip(split_lens(&ys, &routed, h)) {
-        add_weighted(&mut sum, h, &rows[e], &weights[e], y);
+    // Rows `r0..` of the sum, each given its experts in expert order.
+    let add = |r0: usize, part: &mut [f32]| {
+        for (&e, y) in chosen.iter().zip(&outputs) {
+            add_weighted(part, r0, h, &rows[e], &weights[e], y);
+        }
+    };
+    if n >= PARALLEL_SUM_ROWS && h > 0 {
+        let per = n.div_ceil(pool::threads());
+        pool::run_chunks(&mut sum, per * h, |i, part| add(i * per, part));
+    } else {
+        add(0, &mut sum);
     }
     Ok(sum)
 }
+
+/// Passes of at least this many rows add up their expert outputs on the kernel pool, the rows
+/// split between the threads (each row's additions stay in expert order, so the bits are the
+/// same). A 16-sequence decode step of qwen3-30b-a3b adds 128 outputs of 2048 values a layer:
+/// on the AMX Xeon's two threads 3.8–4.0 ms a step against 5.1–5.6 ms by one thread while the
+/// other waited.
+const PARALLEL_SUM_ROWS: usize = 4;
 
 /// The chosen experts' outputs, one after another in one buffer (`routed[j]` rows of `width`
 /// for expert `j`), written by `kernel` into its unfilled parts. Not zero-filled first: a
@@ -248,7 +266,7 @@ fn separate_forward(
         let idx = Tensor::from_slice(&rows, m, x.device())?;
         let y = expert.forward(&x.index_select(&idx, 0)?, ops)?;
         if in_place {
-            add_weighted(&mut sum, h, &rows, &weights, &y.flatten_all()?.to_vec1::<f32>()?);
+            add_weighted(&mut sum, 0, h, &rows, &weights, &y.flatten_all()?.to_vec1::<f32>()?);
         } else {
             let w = Tensor::from_vec(weights, (m, 1), x.device())?.to_dtype(y.dtype())?;
             out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
@@ -260,10 +278,16 @@ fn separate_forward(
     Ok(out)
 }
 
-/// `sum[r] += y_j · w_j` for each of an expert's rows `r = rows[j]` (`h` wide).
-fn add_weighted(sum: &mut [f32], h: usize, rows: &[u32], weights: &[f32], y: &[f32]) {
+/// `sum[r − r0] += y_j · w_j` for each of an expert's rows `r = rows[j]` that `sum` holds (rows
+/// `r0..`, `h` wide).
+fn add_weighted(sum: &mut [f32], r0: usize, h: usize, rows: &[u32], weights: &[f32], y: &[f32]) {
+    let held = r0..r0 + sum.len() / h.max(1);
     for ((&r, &w), y) in rows.iter().zip(weights).zip(y.chunks_exact(h)) {
-        let dst = &mut sum[r as usize * h..][..h];
+        let r = r as usize;
+        if !held.contains(&r) {
+            continue;
+        }
+        let dst = &mut sum[(r - r0) * h..][..h];
         for (d, &v) in dst.iter_mut().zip(y) {
             *d += v * w;
         }
@@ -325,7 +349,33 @@ fn separate_only() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::route;
+    use super::{add_weighted, route};
+
+    #[test]
+    fn weighted_sums_split_by_rows_give_the_whole_sums_bits() {
+        // Three experts over five rows of width 3, added whole and in parts of every size.
+        let (n, h) = (5, 3);
+        let rows: [Vec<u32>; 3] = [vec![0, 2, 4], vec![1, 2], vec![0, 3, 4]];
+        let weights: [Vec<f32>; 3] = [vec![0.3, 0.7, 0.1], vec![0.9, 0.2], vec![0.6, 0.4, 0.8]];
+        let ys: Vec<Vec<f32>> =
+            (0..3).map(|e| (0..rows[e].len() * h).map(|i| (i as f32 * 0.37 + e as f32).sin()).collect()).collect();
+        let mut whole = vec![0f32; n * h];
+        for e in 0..3 {
+            add_weighted(&mut whole, 0, h, &rows[e], &weights[e], &ys[e]);
+        }
+        // Row 0 is expert 0's first row, then expert 2's first, in that order.
+        assert_eq!(whole[1], (0.0 + ys[0][1] * 0.3) + ys[2][1] * 0.6);
+        assert!(whole.iter().all(|&v| v != 0.0), "every row has an expert");
+        for per in 1..=n {
+            let mut split = vec![0f32; n * h];
+            for (i, part) in split.chunks_mut(per * h).enumerate() {
+                for e in 0..3 {
+                    add_weighted(part, i * per, h, &rows[e], &weights[e], &ys[e]);
+                }
+            }
+            assert_eq!(whole, split, "rows {per} at a time");
+        }
+    }
 
     #[test]
     fn routing_takes_the_top_k_by_probability_with_ties_to_the_lower_index() {
