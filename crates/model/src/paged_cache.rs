@@ -383,12 +383,14 @@ fn store_by_head<T: Copy + Send>(
 ) {
     let line_values = (64 / std::mem::size_of::<T>()).max(1);
     let (ks, vs) = (Disjoint::new(k), Disjoint::new(v));
+    // Where head `h` of a slot's block starts in the keys, and where the slot's value row is.
+    let at = |s: &Slot, h: usize| (s.block * hkv * bs * d + h * d * bs, (s.block * hkv * bs + h * bs + s.off) * d);
     let heads = |task: usize, tasks: usize| {
         let (kp, vp) = (ks.start(), vs.start());
         for h in (task..hkv).step_by(tasks) {
             for s in slots {
-                let (kcol, vrow) =
-                    (s.block * hkv * bs * d + h * d * bs + s.off, (s.block * hkv * bs + h * bs + s.off) * d);
+                let (k0, vrow) = at(s, h);
+                let kcol = k0 + s.off;
                 // A prefill chunk's consecutive keys share their lines: ask once per line.
                 if s.first || (s.off * std::mem::size_of::<T>()).is_multiple_of(64) {
                     for c in 0..d {
@@ -404,7 +406,7 @@ fn store_by_head<T: Copy + Send>(
             for s in slots {
                 let src = (s.row * hkv + h) * d;
                 let (kn, vn) = (&kv_new[src..src + d], &vv_new[src..src + d]);
-                let (k0, v0) = (s.block * hkv * bs * d + h * d * bs, (s.block * hkv * bs + h * bs + s.off) * d);
+                let (k0, v0) = at(s, h);
                 // SAFETY: head `h`'s keys in a block and this token's value row of head `h` are
                 // ranges only the task of head `h` takes, one at a time.
                 let (kh, vh) = unsafe { (ks.part(k0..k0 + d * bs), vs.part(v0..v0 + d)) };
