@@ -32,9 +32,10 @@
 //!
 //! Where 16 rows' time goes (Q4_K 1024×2048 in the L2, one thread, `perf` on 2026-12-06):
 //! making the panel signed 27%, the tile instructions 35% (half of it on the `tilestored`s),
-//! the fold 26%; VNNI took 211–226 µs a call against 244–317 here. Four blocks' products
-//! issued before any of their sums were stored (tiles 0–7 all used: A in two, B in two, C in
-//! four) took 306–393 µs, slower: queueing more products before the stores did not hide them.
+//! the fold 26%; VNNI took 211–226 µs a call against 244–317 here. Runs of four blocks, each
+//! run folded after the next run's products were issued, were slower: 331–393 µs with the four
+//! products issued before any of their sums were stored (tiles 0–7 all used: A in two, B in
+//! two, C in four), 306–332 with one tile call a block.
 
 use std::mem::MaybeUninit;
 
