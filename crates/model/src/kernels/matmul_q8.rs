@@ -39,6 +39,10 @@ pub use grouped::{grouped_gated_uninit, grouped_uninit, ExpertJob};
 pub const QK: usize = 32;
 const COLS: usize = 16;
 const ROWS: usize = 8;
+/// The most rows for which two panels are computed side by side (see `tile_pair`): decode's
+/// rows, and a mixture's experts' in a decode batch. More rows are compute-bound, and two
+/// panels' sums would crowd the registers.
+const PAIR_ROWS: usize = 3;
 /// Panel blocks per K-quant super-block (256 values).
 const SUPER: usize = 8;
 
@@ -504,12 +508,22 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let w = ws[j];
         let (nb, panel_bytes) = (inp / QK, w.format.panel_bytes(inp / QK));
-        let mut acc = [[0f32; COLS]; ROWS];
-        for p in p0..p1 {
-            let panel = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+        let (mut acc, mut next) = ([[0f32; COLS]; ROWS], [[0f32; COLS]; ROWS]);
+        let panel = |p: usize| &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+        // Decode's few rows take two panels a pass where there are two (see `tile_pair`).
+        let step = if (1..=PAIR_ROWS).contains(&m) { 2 } else { 1 };
+        for p in (p0..p1).step_by(step) {
+            if step == 2 && p + 1 < p1 {
+                tile_pair(isa, [w, w], &rows, [panel(p), panel(p + 1)], nb, [&mut acc, &mut next]);
+                for i in 0..m {
+                    stripe.put(i, p - p0, &acc[i]);
+                    stripe.put(i, p + 1 - p0, &next[i]);
+                }
+                continue;
+            }
             for r0 in (0..m).step_by(ROWS) {
                 let r1 = (r0 + ROWS).min(m);
-                tile(isa, w, &rows[r0..r1], panel, nb, &mut acc);
+                tile(isa, w, &rows[r0..r1], panel(p), nb, &mut acc);
                 for (i, a) in acc.iter().enumerate().take(r1 - r0) {
                     stripe.put(r0 + i, p - p0, a);
                 }
@@ -549,8 +563,7 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
             let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
             for r0 in (0..m).step_by(ROWS) {
                 let r1 = (r0 + ROWS).min(m);
-                tile(isa, gate, &rows[r0..r1], gp, nb, &mut g);
-                tile(isa, up, &rows[r0..r1], upn, nb, &mut u);
+                tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [&mut g, &mut u]);
                 for (i, (g, u)) in g.iter().zip(&u).enumerate().take(r1 - r0) {
                     let mut o = [0f32; COLS];
                     super::rowwise::silu_mul_row(g, u, &mut o);
@@ -633,6 +646,26 @@ fn tile(isa: Isa, w: &PackedQ8, rows: &[&QuantRow], panel: &[u8], nb: usize, acc
         Isa::Avx2 => unsafe { x86::tile_avx2(w.format, rows, panel, nb, acc) },
         _ => tile_scalar(w, rows, panel, nb, acc),
     }
+}
+
+/// [`tile`] for two panels and the same rows, `accs[k]` from `panels[k]` of `ws[k]`: on VNNI (where
+/// [`x86::pair_panels`]), for one to [`PAIR_ROWS`] rows of panels of one format, both in one
+/// pass that streams their weights side by side (see `x86::vnni_pair`); otherwise one panel after
+/// the other. The same bits either way.
+fn tile_pair(isa: Isa, ws: [&PackedQ8; 2], rows: &[&QuantRow], panels: [&[u8]; 2], nb: usize, accs: [&mut Acc; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Amx | Isa::Avx512Vnni)
+        && ws[0].format == ws[1].format
+        && (1..=PAIR_ROWS).contains(&rows.len())
+        && x86::pair_panels()
+    {
+        // SAFETY: as in `tile` (AMX CPUs have AVX-512 F/BW/VNNI); both panels hold `nb` blocks of
+        // this format.
+        return unsafe { x86::tile_vnni_pair(ws[0].format, rows, panels, nb, accs) };
+    }
+    let [a0, a1] = accs;
+    tile(isa, ws[0], rows, panels[0], nb, a0);
+    tile(isa, ws[1], rows, panels[1], nb, a1);
 }
 
 fn read_f16(b: &[u8], at: usize) -> f32 {
@@ -876,6 +909,52 @@ pub(super) mod tests {
             let mut y = vec![0f32; out];
             matmul_with(isa, &x, 1, &p, &mut y);
             assert_eq!(y, want, "{isa:?}");
+        }
+    }
+
+    /// Two panels in one pass (`tile_pair`) give each panel the bits `tile` gives it alone: every
+    /// format, one to four rows (four takes the one-panel-at-a-time way), on every path this CPU
+    /// has; and two weights of different formats (taken one at a time).
+    #[test]
+    fn paired_panels_give_each_panels_own_bits() {
+        let (out, inp) = (32, 512);
+        let nb = inp / QK;
+        let x = random_x(4 * inp, 41);
+        let q6 = random_packed(Format::Q6_K, out, inp, 42);
+        for format in [Format::Q8_0, Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            let w = random_packed(format, out, inp, 43);
+            let pb = format.panel_bytes(nb);
+            let panels = [&w.data[..pb], &w.data[pb..2 * pb]];
+            let mixed = [&w.data[pb..2 * pb], &q6.data[..Format::Q6_K.panel_bytes(nb)]];
+            for isa in ISAS.into_iter().filter(|i| i.available()) {
+                for m in 1..=4 {
+                    let quantized = quantize_rows(isa, &x, m, inp);
+                    let rows: Vec<&QuantRow> = quantized.iter().collect();
+                    for (ws, panels) in [([&w, &w], panels), ([&w, &q6], mixed)] {
+                        let (mut alone, mut paired) = ([[[0f32; COLS]; ROWS]; 2], [[[0f32; COLS]; ROWS]; 2]);
+                        for k in 0..2 {
+                            tile(isa, ws[k], &rows, panels[k], nb, &mut alone[k]);
+                        }
+                        let [p0, p1] = &mut paired;
+                        tile_pair(isa, ws, &rows, panels, nb, [p0, p1]);
+                        for k in 0..2 {
+                            assert_eq!(alone[k][..m], paired[k][..m], "{format:?} {isa:?} m={m} panel {k}");
+                        }
+                        // The two-panel loop itself, whether or not `tile_pair` takes it on this CPU.
+                        #[cfg(target_arch = "x86_64")]
+                        if isa == Isa::Avx512Vnni && ws[0].format == ws[1].format && m <= PAIR_ROWS {
+                            let mut direct = [[[0f32; COLS]; ROWS]; 2];
+                            let [d0, d1] = &mut direct;
+                            // SAFETY: this CPU has AVX-512 VNNI (checked above); the panels hold `nb`
+                            // blocks of this format; one to three rows.
+                            unsafe { x86::tile_vnni_pair(format, &rows, panels, nb, [d0, d1]) };
+                            for k in 0..2 {
+                                assert_eq!(alone[k][..m], direct[k][..m], "{format:?} pair loop m={m} panel {k}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::{path, quantize_rows, tile, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
+use super::{path, quantize_rows, tile, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, PAIR_ROWS, QK, ROWS};
 use crate::kernels::{by_panel_stripes_grouped, rowwise, Stripe};
 
 /// One expert's share of a grouped matmul: the rows routed to it and its columns
@@ -78,16 +78,15 @@ pub(super) fn gated_with(
     let rows: Vec<Vec<&QuantRow>> = jobs.iter().map(|j| j.rows.iter().map(|&r| &all[r as usize]).collect()).collect();
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
-    run(jobs, &rows, ys, |rows, a, [g, u], put| {
+    run(jobs, &rows, ys, 1, |rows, a, _, [g, u], put| {
         let (gp, upn) = (&gate.data[a * gb..(a + 1) * gb], &up.data[a * ub..(a + 1) * ub]);
         for r0 in (0..rows.len()).step_by(ROWS) {
             let r1 = (r0 + ROWS).min(rows.len());
-            tile(isa, gate, &rows[r0..r1], gp, nb, g);
-            tile(isa, up, &rows[r0..r1], upn, nb, u);
+            tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [g, u]);
             for (i, (g, u)) in g.iter().zip(u.iter()).enumerate().take(r1 - r0) {
                 let mut o = [0f32; COLS];
                 rowwise::silu_mul_row(g, u, &mut o);
-                put(r0 + i, &o);
+                put(r0 + i, 0, &o);
             }
         }
     });
@@ -115,34 +114,48 @@ pub(super) fn plain_with(
     let rows: Vec<Vec<&QuantRow>> = quantized.iter().map(|q| q.iter().collect()).collect();
     let nb = inp / QK;
     let pb = w.format.panel_bytes(nb);
-    run(jobs, &rows, ys, |rows, a, [acc, _], put| {
-        let panel = &w.data[a * pb..(a + 1) * pb];
-        for r0 in (0..rows.len()).step_by(ROWS) {
-            let r1 = (r0 + ROWS).min(rows.len());
-            tile(isa, w, &rows[r0..r1], panel, nb, acc);
-            for (i, a) in acc.iter().enumerate().take(r1 - r0) {
-                put(r0 + i, a);
+    // Decode's few rows take two panels a pass where there are two (see `tile_pair`).
+    run(jobs, &rows, ys, 2, |rows, a, n, [acc, next], put| {
+        let panel = |a: usize| &w.data[a * pb..(a + 1) * pb];
+        if n == 2 && (1..=PAIR_ROWS).contains(&rows.len()) {
+            tile_pair(isa, [w, w], rows, [panel(a), panel(a + 1)], nb, [&mut *acc, &mut *next]);
+            for i in 0..rows.len() {
+                put(i, 0, &acc[i]);
+                put(i, 1, &next[i]);
+            }
+            return;
+        }
+        for k in 0..n {
+            for r0 in (0..rows.len()).step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(rows.len());
+                tile(isa, w, &rows[r0..r1], panel(a + k), nb, acc);
+                for (i, a) in acc.iter().enumerate().take(r1 - r0) {
+                    put(r0 + i, k, a);
+                }
             }
         }
     });
 }
 
-/// Every job's panels in one parallel region: `panel(rows, a, accs, put)` computes the merged
-/// weight's panel `a` for a job's quantized `rows` in the task's two tile accumulators `accs`,
-/// handing each row's 16 outputs to `put`.
+/// Every job's panels in one parallel region, up to `step` at a time: `panel(rows, a, n, accs,
+/// put)` computes the merged weight's panels `a..a + n` (`n ≤ step`) for a job's quantized `rows`
+/// in the task's two tile accumulators `accs`, handing row `r`'s 16 outputs of panel `a + k` to
+/// `put(r, k, ..)`.
 fn run(
     jobs: &[ExpertJob],
     rows: &[Vec<&QuantRow>],
     ys: &mut [&mut [MaybeUninit<f32>]],
-    panel: impl Fn(&[&QuantRow], usize, &mut [Acc; 2], &mut dyn FnMut(usize, &[f32])) + Sync,
+    step: usize,
+    panel: impl Fn(&[&QuantRow], usize, usize, &mut [Acc; 2], &mut dyn FnMut(usize, usize, &[f32])) + Sync,
 ) {
     let ms: Vec<usize> = jobs.iter().map(|j| j.rows.len()).collect();
     let cols: Vec<usize> = jobs.iter().map(|j| j.cols).collect();
     by_panel_stripes_grouped(&ms, &cols, COLS, 1, ys, |j, p0, p1, stripe: &mut Stripe| {
         let base = jobs[j].col0 / COLS;
         let mut accs = [[[0f32; COLS]; ROWS]; 2];
-        for p in p0..p1 {
-            panel(&rows[j], base + p, &mut accs, &mut |r, vals| stripe.put(r, p - p0, vals));
+        for p in (p0..p1).step_by(step) {
+            let n = step.min(p1 - p);
+            panel(&rows[j], base + p, n, &mut accs, &mut |r, k, vals| stripe.put(r, p + k - p0, vals));
         }
     });
 }

@@ -238,126 +238,242 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     let format = Format::from_tag(F);
-    let (vals, pb) = (format.values(), format.panel_block());
-    let ahead = Ahead::new(pb);
-    let prefetch = R > 1 || single_row_prefetch();
-    let (mut xq, mut dx) = ([std::ptr::null::<i8>(); R], [std::ptr::null::<f32>(); R]);
-    let (mut dsum, mut neg) = ([std::ptr::null::<f32>(); R], [std::ptr::null::<[i32; 4]>(); R]);
-    for r in 0..R {
-        let row = rows.get_unchecked(r);
-        (xq[r], dx[r], dsum[r], neg[r]) = (row.q.as_ptr(), row.d.as_ptr(), row.dsum.as_ptr(), row.neg.as_ptr());
-    }
-    let mut f = [_mm512_setzero_ps(); R];
-    let low = _mm512_set1_epi8(0x0F);
-    let (mut d, mut nmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let ahead = (R > 1 || single_row_prefetch()).then(|| Ahead::new(format.panel_block()));
+    let x = RowPtrs::<R>::new(rows);
+    let mut s = PanelSums::<R>::new();
     for b in 0..nb {
-        if (F == Q4_K || F == Q6_K) && b % SUPER == 0 {
-            let h = panel.as_ptr().add(format.header_at(b));
-            d = _mm512_cvtph_ps(_mm256_loadu_si256(h as *const __m256i));
-            if F == Q4_K {
-                let dmin = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(h.add(2 * COLS) as *const __m256i)));
-                // −dmin exactly (a sign flip: `0 − dmin` would give +0 for dmin = +0).
-                nmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, _mm512_set1_epi32(i32::MIN)));
+        vnni_block::<F, R>(panel.as_ptr(), b, &x, ahead, &mut s);
+    }
+    s.store(acc);
+}
+
+/// [`vnni`] over two panels at once, block by block, for the same rows: the same operations on
+/// each panel in the same order (so the same bits), with two weight streams in flight instead of
+/// one. Measured on the Sapphire Rapids-class Xeon, 2 threads (2026-12-06), a loop of this shape
+/// in C (`scripts/tile_stream.c`, 2 GiB of Q4_K panels, medians of 5) streamed 1, 2 and 3 rows at
+/// 34.6–35.2, 34.4–35.2 and 33.9–35.2 GB/s against 33.3–34.0, 30.8–31.2 and 28.6–29.4 for one
+/// panel at a time, while `membw` read 33.1–34.2: the tile's arithmetic slows one stream, not
+/// two (four panels at once were no faster than two). This loop itself, on a 1.2 GB Q4_K weight
+/// (`q8_tile_cost --out 1048576 --in 2048 --rows 1,2,3 --calls 2`, 2 alternated rounds): 30.3–30.7,
+/// 32.0–32.1 and 27.2–28.0 GB/s against 29.7–30.0, 26.7–27.0 and 24.7–24.8. On qwen3-30b-a3b Q4_K,
+/// every decode step alternated between the two ways in one process (so both saw the same
+/// moments of this shared host's memory), step time against one panel at a time: 16 sequences
+/// 0.927 (median of 56 adjacent pairs), one sequence 0.932 (124 pairs). Up to `PAIR_ROWS`
+/// rows; with more the tile is compute-bound and two panels' sums would crowd the registers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn vnni_pair<const F: u8, const R: usize>(
+    rows: &[&QuantRow],
+    panels: [&[u8]; 2],
+    nb: usize,
+    accs: [&mut Acc; 2],
+) {
+    let format = Format::from_tag(F);
+    let ahead = (R > 1 || single_row_prefetch()).then(|| Ahead::new(format.panel_block()));
+    let x = RowPtrs::<R>::new(rows);
+    let (mut s0, mut s1) = (PanelSums::<R>::new(), PanelSums::<R>::new());
+    for b in 0..nb {
+        vnni_block::<F, R>(panels[0].as_ptr(), b, &x, ahead, &mut s0);
+        vnni_block::<F, R>(panels[1].as_ptr(), b, &x, ahead, &mut s1);
+    }
+    let [a0, a1] = accs;
+    s0.store(a0);
+    s1.store(a1);
+}
+
+/// Whether the VNNI paths take two panels at a time where they can ([`tile_vnni_pair`]): on
+/// Intel, where it was measured (see [`vnni_pair`]). Zen 4's prefetchers answered the other
+/// stream choices here differently (see [`far_prefetch`]), so there it waits for a measurement.
+pub fn pair_panels() -> bool {
+    intel()
+}
+
+/// [`tile_vnni`] for two panels of one format and the same rows (one to `PAIR_ROWS`), both at
+/// once (see [`vnni_pair`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_vnni_pair(format: Format, rows: &[&QuantRow], panels: [&[u8]; 2], nb: usize, accs: [&mut Acc; 2]) {
+    macro_rules! by_rows {
+        ($f:expr) => {
+            match rows.len() {
+                1 => vnni_pair::<{ $f }, 1>(rows, panels, nb, accs),
+                2 => vnni_pair::<{ $f }, 2>(rows, panels, nb, accs),
+                _ => vnni_pair::<{ $f }, 3>(rows, panels, nb, accs),
             }
-        }
-        let base = panel.as_ptr().add(format.block_at(b));
-        if prefetch {
-            prefetch_ahead(base, pb, ahead);
-        }
-        // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale), and
-        // the Q4 formats their high nibbles for a few rows (below).
-        // They start at the negated offset terms (`x·stored − offset·Σx` = `x·w`, exactly), so
-        // nothing is subtracted after the dot products.
-        let (mut ia, mut ib) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+        };
+    }
+    match format {
+        Format::Q8_0 => by_rows!(Q8_0),
+        Format::Q4_0 => by_rows!(Q4_0),
+        Format::Q4_K => by_rows!(Q4_K),
+        Format::Q6_K => by_rows!(Q6_K),
+    }
+}
+
+/// Where the VNNI loop reads its `R` rows: their int8 values, block scales, scaled sums and
+/// negated offset terms.
+struct RowPtrs<const R: usize> {
+    xq: [*const i8; R],
+    dx: [*const f32; R],
+    dsum: [*const f32; R],
+    neg: [*const [i32; 4]; R],
+}
+
+impl<const R: usize> RowPtrs<R> {
+    #[inline(always)]
+    unsafe fn new(rows: &[&QuantRow]) -> Self {
+        let mut p = RowPtrs {
+            xq: [std::ptr::null(); R],
+            dx: [std::ptr::null(); R],
+            dsum: [std::ptr::null(); R],
+            neg: [std::ptr::null(); R],
+        };
         for r in 0..R {
-            let n = &*neg[r].add(b);
-            match F {
-                Q8_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q8_0]),
-                Q4_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q4_0]),
-                Q6_K => (ia[r], ib[r]) = (_mm512_set1_epi32(n[NEG_Q6_LO]), _mm512_set1_epi32(n[NEG_Q6_HI])),
-                _ => {}
-            }
+            let row = rows.get_unchecked(r);
+            (p.xq[r], p.dx[r], p.dsum[r], p.neg[r]) =
+                (row.q.as_ptr(), row.d.as_ptr(), row.dsum.as_ptr(), row.neg.as_ptr());
         }
-        macro_rules! dot {
-            ($acc:ident, $g:expr, $w:expr) => {{
-                let w = $w;
-                for r in 0..R {
-                    let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
-                    $acc[r] = _mm512_dpbusd_epi32($acc[r], w, _mm512_set1_epi32(x));
-                }
-            }};
+        p
+    }
+}
+
+/// One panel's running state in the VNNI loop: the current super-block's scales (K-quants) and
+/// each row's 16 f32 sums.
+struct PanelSums<const R: usize> {
+    d: __m512,
+    nmin: __m512,
+    f: [__m512; R],
+}
+
+impl<const R: usize> PanelSums<R> {
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        PanelSums { d: _mm512_setzero_ps(), nmin: _mm512_setzero_ps(), f: [_mm512_setzero_ps(); R] }
+    }
+
+    #[inline(always)]
+    unsafe fn store(&self, acc: &mut Acc) {
+        for r in 0..R {
+            _mm512_storeu_ps(acc[r].as_mut_ptr(), self.f[r]);
         }
-        let load = |at: usize| _mm512_loadu_si512(base.add(at) as *const _);
-        if F == Q8_0 {
-            for g in 0..8 {
-                dot!(ia, g, load(g * COLS * 4));
-            }
-        } else if F == Q6_K {
-            let (h0, h1) = (load(COLS * QK / 2), load(COLS * QK / 2 + 64));
-            for g in 0..4 {
-                let v = load(g * COLS * 4);
-                let wa = _mm512_or_si512(_mm512_and_si512(v, low), q6_high_512(h0, g));
-                dot!(ia, g, wa);
-                let wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                dot!(ib, g + 4, _mm512_or_si512(wb, q6_high_512(h1, g)));
-            }
-        } else {
-            // Few rows (decode): the high nibbles go in unshifted, as 16 × their value
-            // (`vpdpbusd`'s unsigned operand holds up to 255), into sums of their own that are
-            // shifted right by 4 at the end: exact, since each is a multiple of 16. One mask
-            // per 64 bytes instead of a shift and a mask, and two dependency chains per row
-            // instead of one. Zen 4, one thread, a Q4_K matrix in L2, 24 alternated pairs: one
-            // row 3.8% faster, three rows 0.9%.
-            let high = _mm512_set1_epi8(0xF0u8 as i8);
-            for g in 0..4 {
-                let v = load(g * COLS * 4);
-                dot!(ia, g, _mm512_and_si512(v, low));
-                if R <= MASKED_HIGH_ROWS {
-                    dot!(ib, g + 4, _mm512_and_si512(v, high));
-                } else {
-                    dot!(ia, g + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-                }
-            }
-            if R <= MASKED_HIGH_ROWS {
-                for r in 0..R {
-                    ia[r] = _mm512_add_epi32(ia[r], _mm512_srai_epi32(ib[r], 4));
-                }
-            }
+    }
+}
+
+/// Block `b` of the panel at `panel` for the rows `x`, folded into `s` (and its weights
+/// prefetched `ahead`, where given).
+#[inline(always)]
+unsafe fn vnni_block<const F: u8, const R: usize>(
+    panel: *const u8,
+    b: usize,
+    x: &RowPtrs<R>,
+    ahead: Option<Ahead>,
+    s: &mut PanelSums<R>,
+) {
+    let format = Format::from_tag(F);
+    let (vals, pb) = (format.values(), format.panel_block());
+    let (xq, dx, dsum, neg) = (&x.xq, &x.dx, &x.dsum, &x.neg);
+    let low = _mm512_set1_epi8(0x0F);
+    if (F == Q4_K || F == Q6_K) && b.is_multiple_of(SUPER) {
+        let h = panel.add(format.header_at(b));
+        s.d = _mm512_cvtph_ps(_mm256_loadu_si256(h as *const __m256i));
+        if F == Q4_K {
+            let dmin = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(h.add(2 * COLS) as *const __m256i)));
+            // −dmin exactly (a sign flip: `0 − dmin` would give +0 for dmin = +0).
+            s.nmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, _mm512_set1_epi32(i32::MIN)));
         }
-        let meta = base.add(vals);
+    }
+    let (d, nmin, f) = (s.d, s.nmin, &mut s.f);
+    let base = panel.add(format.block_at(b));
+    if let Some(ahead) = ahead {
+        prefetch_ahead(base, pb, ahead);
+    }
+    // Integer sums over the block; Q6_K keeps inputs 16..32 apart in `ib` (their own scale), and
+    // the Q4 formats their high nibbles for a few rows (below).
+    // They start at the negated offset terms (`x·stored − offset·Σx` = `x·w`, exactly), so
+    // nothing is subtracted after the dot products.
+    let (mut ia, mut ib) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+    for r in 0..R {
+        let n = &*neg[r].add(b);
         match F {
-            Q4_K => {
-                let (sc, m) = q4k_meta(meta);
-                let (sc, m) =
-                    (_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
-                let (ds, mn) = (_mm512_mul_ps(sc, d), _mm512_mul_ps(m, nmin));
-                for r in 0..R {
-                    let x = *dx[r].add(b);
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds, _mm512_set1_ps(x)), f[r]);
-                    f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(*dsum[r].add(b)), f[r]);
-                }
+            Q8_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q8_0]),
+            Q4_0 => ia[r] = _mm512_set1_epi32(n[NEG_Q4_0]),
+            Q6_K => (ia[r], ib[r]) = (_mm512_set1_epi32(n[NEG_Q6_LO]), _mm512_set1_epi32(n[NEG_Q6_HI])),
+            _ => {}
+        }
+    }
+    macro_rules! dot {
+        ($acc:ident, $g:expr, $w:expr) => {{
+            let w = $w;
+            for r in 0..R {
+                let x = (xq[r].add(b * QK + $g * 4) as *const i32).read_unaligned();
+                $acc[r] = _mm512_dpbusd_epi32($acc[r], w, _mm512_set1_epi32(x));
             }
-            Q6_K => {
-                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta as *const __m128i)));
-                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
-                let (ds0, ds1) = (_mm512_mul_ps(s0, d), _mm512_mul_ps(s1, d));
-                for r in 0..R {
-                    let x = _mm512_set1_ps(*dx[r].add(b));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds0, x), f[r]);
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[r]), _mm512_mul_ps(ds1, x), f[r]);
-                }
+        }};
+    }
+    let load = |at: usize| _mm512_loadu_si512(base.add(at) as *const _);
+    if F == Q8_0 {
+        for g in 0..8 {
+            dot!(ia, g, load(g * COLS * 4));
+        }
+    } else if F == Q6_K {
+        let (h0, h1) = (load(COLS * QK / 2), load(COLS * QK / 2 + 64));
+        for g in 0..4 {
+            let v = load(g * COLS * 4);
+            let wa = _mm512_or_si512(_mm512_and_si512(v, low), q6_high_512(h0, g));
+            dot!(ia, g, wa);
+            let wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            dot!(ib, g + 4, _mm512_or_si512(wb, q6_high_512(h1, g)));
+        }
+    } else {
+        // Few rows (decode): the high nibbles go in unshifted, as 16 × their value
+        // (`vpdpbusd`'s unsigned operand holds up to 255), into sums of their own that are
+        // shifted right by 4 at the end: exact, since each is a multiple of 16. One mask
+        // per 64 bytes instead of a shift and a mask, and two dependency chains per row
+        // instead of one. Zen 4, one thread, a Q4_K matrix in L2, 24 alternated pairs: one
+        // row 3.8% faster, three rows 0.9%.
+        let high = _mm512_set1_epi8(0xF0u8 as i8);
+        for g in 0..4 {
+            let v = load(g * COLS * 4);
+            dot!(ia, g, _mm512_and_si512(v, low));
+            if R <= MASKED_HIGH_ROWS {
+                dot!(ib, g + 4, _mm512_and_si512(v, high));
+            } else {
+                dot!(ia, g + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
             }
-            _ => {
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(meta as *const __m256i));
-                for r in 0..R {
-                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, f[r]);
-                }
+        }
+        if R <= MASKED_HIGH_ROWS {
+            for r in 0..R {
+                ia[r] = _mm512_add_epi32(ia[r], _mm512_srai_epi32(ib[r], 4));
             }
         }
     }
-    for r in 0..R {
-        _mm512_storeu_ps(acc[r].as_mut_ptr(), f[r]);
+    let meta = base.add(vals);
+    match F {
+        Q4_K => {
+            let (sc, m) = q4k_meta(meta);
+            let (sc, m) = (_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+            let (ds, mn) = (_mm512_mul_ps(sc, d), _mm512_mul_ps(m, nmin));
+            for r in 0..R {
+                let x = *dx[r].add(b);
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds, _mm512_set1_ps(x)), f[r]);
+                f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(*dsum[r].add(b)), f[r]);
+            }
+        }
+        Q6_K => {
+            let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta as *const __m128i)));
+            let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(meta.add(COLS) as *const __m128i)));
+            let (ds0, ds1) = (_mm512_mul_ps(s0, d), _mm512_mul_ps(s1, d));
+            for r in 0..R {
+                let x = _mm512_set1_ps(*dx[r].add(b));
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(ds0, x), f[r]);
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[r]), _mm512_mul_ps(ds1, x), f[r]);
+            }
+        }
+        _ => {
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(meta as *const __m256i));
+            for r in 0..R {
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx[r].add(b)));
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, f[r]);
+            }
+        }
     }
 }
 
@@ -418,7 +534,7 @@ unsafe fn avx2<const F: u8, const R: usize>(
     let (low, ones, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(-128));
     let (mut d, mut nmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for b in 0..nb {
-        if (F == Q4_K || F == Q6_K) && b % SUPER == 0 {
+        if (F == Q4_K || F == Q6_K) && b.is_multiple_of(SUPER) {
             let hd = panel.as_ptr().add(format.header_at(b) + h * 16);
             d = _mm256_cvtph_ps(_mm_loadu_si128(hd as *const __m128i));
             if F == Q4_K {
