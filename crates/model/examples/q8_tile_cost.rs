@@ -5,6 +5,12 @@
 //! [--in 2048] [--calls 200]`. Prints each row count's median time per call (of 15 rounds of
 //! `--calls` calls) and its rate. Compare two builds by alternating their binaries: the figures
 //! move with this shared machine's clock and neighbours, their ratio much less.
+//!
+//! To stream the weight from memory instead, make it larger than what the last-level cache keeps
+//! of it between calls: on the 2-core Sapphire Rapids-class Xeon (2026-12-06) a buffer read over
+//! and over by both threads streamed at 57 GB/s up to 64 MB, 48.5 at 128 MB, 37 at 256 MB, 34 at
+//! 384 MB and 31.3–33 from 512 MB to 2 GB (`membw`'s 1 GiB: 31.8), so use at least 1 GB there
+//! (`--out 1048576 --in 2048 --calls 2`: 1.2 GB in Q4_K).
 
 mod common;
 

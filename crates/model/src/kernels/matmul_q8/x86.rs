@@ -134,7 +134,8 @@ impl Ahead {
     /// it starts (functions are aligned to 16 bytes only), can move again. Measured
     /// 2026-12-06, 2 threads, this against the folded build alternated:
     /// - `q8_tile_cost --out 262144 --in 2048 --rows 1,2,3,4,5,6,7,8 --calls 3` (a 302 MB Q4_K
-    ///   weight streamed from memory): three rows 22.5–22.6 against 15.1–15.3 GB/s (Q6_K 22.5
+    ///   weight streamed mostly from memory; about a tenth faster than a 1.2 GB one, which the
+    ///   last-level cache cannot help: see `q8_tile_cost`): three rows 22.5–22.6 against 15.1–15.3 GB/s (Q6_K 22.5
     ///   against 15.5); the other row counts within ±4%.
     /// - qwen2.5-1.5b Q4_K (`flint synth`) decoding N sequences (`flint bench throughput
     ///   --num-prompts N --max-num-seqs N`): 3 sequences 66.8–68.8 against 54.2–54.4 tok/s (so
