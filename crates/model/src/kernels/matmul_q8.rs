@@ -507,27 +507,9 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
     let cols: Vec<usize> = ws.iter().map(|w| w.out).collect();
     by_panel_stripes_many(m, &cols, COLS, 1, ys, |j, p0, p1, stripe| {
         let w = ws[j];
-        let (nb, panel_bytes) = (inp / QK, w.format.panel_bytes(inp / QK));
-        let (mut acc, mut next) = ([[0f32; COLS]; ROWS], [[0f32; COLS]; ROWS]);
-        let panel = |p: usize| &w.data[p * panel_bytes..(p + 1) * panel_bytes];
-        // Decode's few rows take two panels a pass where there are two (see `tile_pair`).
-        let step = if (1..=PAIR_ROWS).contains(&m) { 2 } else { 1 };
-        for p in (p0..p1).step_by(step) {
-            if step == 2 && p + 1 < p1 {
-                tile_pair(isa, [w, w], &rows, [panel(p), panel(p + 1)], nb, [&mut acc, &mut next]);
-                for i in 0..m {
-                    stripe.put(i, p - p0, &acc[i]);
-                    stripe.put(i, p + 1 - p0, &next[i]);
-                }
-                continue;
-            }
-            for r0 in (0..m).step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(m);
-                tile(isa, w, &rows[r0..r1], panel(p), nb, &mut acc);
-                for (i, a) in acc.iter().enumerate().take(r1 - r0) {
-                    stripe.put(r0 + i, p - p0, a);
-                }
-            }
+        let mut accs = [[[0f32; COLS]; ROWS]; 2];
+        for p in (p0..p1).step_by(2) {
+            adjacent_panels(isa, w, &rows, p, 2.min(p1 - p), &mut accs, &mut |r, k, a| stripe.put(r, p + k - p0, a));
         }
     });
 }
@@ -666,6 +648,40 @@ fn tile_pair(isa: Isa, ws: [&PackedQ8; 2], rows: &[&QuantRow], panels: [&[u8]; 2
     let [a0, a1] = accs;
     tile(isa, ws[0], rows, panels[0], nb, a0);
     tile(isa, ws[1], rows, panels[1], nb, a1);
+}
+
+/// Panels `first..first + n` (`n` 1 or 2) of `w` for `rows`, row `r`'s 16 outputs of panel
+/// `first + k` handed to `put(r, k, ..)`: both at once where [`tile_pair`] can (decode's few rows),
+/// else one panel after the other, each over all the rows (prefill's order).
+fn adjacent_panels(
+    isa: Isa,
+    w: &PackedQ8,
+    rows: &[&QuantRow],
+    first: usize,
+    n: usize,
+    [acc, next]: &mut [Acc; 2],
+    put: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let nb = w.inp / QK;
+    let pb = w.format.panel_bytes(nb);
+    let panel = |p: usize| &w.data[p * pb..(p + 1) * pb];
+    if n == 2 && (1..=PAIR_ROWS).contains(&rows.len()) {
+        tile_pair(isa, [w, w], rows, [panel(first), panel(first + 1)], nb, [&mut *acc, &mut *next]);
+        for i in 0..rows.len() {
+            put(i, 0, &acc[i]);
+            put(i, 1, &next[i]);
+        }
+        return;
+    }
+    for k in 0..n {
+        for r0 in (0..rows.len()).step_by(ROWS) {
+            let r1 = (r0 + ROWS).min(rows.len());
+            tile(isa, w, &rows[r0..r1], panel(first + k), nb, acc);
+            for (i, a) in acc.iter().enumerate().take(r1 - r0) {
+                put(r0 + i, k, a);
+            }
+        }
+    }
 }
 
 fn read_f16(b: &[u8], at: usize) -> f32 {

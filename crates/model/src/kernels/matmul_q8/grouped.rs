@@ -11,7 +11,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::{path, quantize_rows, tile, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, PAIR_ROWS, QK, ROWS};
+use super::{adjacent_panels, path, quantize_rows, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
 use crate::kernels::{by_panel_stripes_grouped, rowwise, Stripe};
 
 /// One expert's share of a grouped matmul: the rows routed to it and its columns
@@ -112,29 +112,8 @@ pub(super) fn plain_with(
         })
         .collect();
     let rows: Vec<Vec<&QuantRow>> = quantized.iter().map(|q| q.iter().collect()).collect();
-    let nb = inp / QK;
-    let pb = w.format.panel_bytes(nb);
     // Decode's few rows take two panels a pass where there are two (see `tile_pair`).
-    run(jobs, &rows, ys, 2, |rows, a, n, [acc, next], put| {
-        let panel = |a: usize| &w.data[a * pb..(a + 1) * pb];
-        if n == 2 && (1..=PAIR_ROWS).contains(&rows.len()) {
-            tile_pair(isa, [w, w], rows, [panel(a), panel(a + 1)], nb, [&mut *acc, &mut *next]);
-            for i in 0..rows.len() {
-                put(i, 0, &acc[i]);
-                put(i, 1, &next[i]);
-            }
-            return;
-        }
-        for k in 0..n {
-            for r0 in (0..rows.len()).step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(rows.len());
-                tile(isa, w, &rows[r0..r1], panel(a + k), nb, acc);
-                for (i, a) in acc.iter().enumerate().take(r1 - r0) {
-                    put(r0 + i, k, a);
-                }
-            }
-        }
-    });
+    run(jobs, &rows, ys, 2, |rows, a, n, accs, put| adjacent_panels(isa, w, rows, a, n, accs, put));
 }
 
 /// Every job's panels in one parallel region, up to `step` at a time: `panel(rows, a, n, accs,

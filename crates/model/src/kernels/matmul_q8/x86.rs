@@ -11,6 +11,19 @@ const Q4_0: u8 = Format::Q4_0.tag();
 const Q4_K: u8 = Format::Q4_K.tag();
 const Q6_K: u8 = Format::Q6_K.tag();
 
+/// `$by_rows!(TAG, extra..)` with the const tag of the runtime `$format`: where a tile entry point
+/// turns the weight's format into its loops' const parameter.
+macro_rules! by_format {
+    ($format:expr, $by_rows:ident $(, $extra:expr)*) => {
+        match $format {
+            Format::Q8_0 => $by_rows!(Q8_0 $(, $extra)*),
+            Format::Q4_0 => $by_rows!(Q4_0 $(, $extra)*),
+            Format::Q4_K => $by_rows!(Q4_K $(, $extra)*),
+            Format::Q6_K => $by_rows!(Q6_K $(, $extra)*),
+        }
+    };
+}
+
 /// [`super::quantize_row_scalar`] sixteen lanes at a time: the same max, the same `1/scale`, the
 /// same round-to-nearest-even, so the same bytes.
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -189,12 +202,7 @@ pub unsafe fn tile_vnni(format: Format, rows: &[&QuantRow], panel: &[u8], nb: us
             }
         };
     }
-    match format {
-        Format::Q8_0 => by_rows!(Q8_0),
-        Format::Q4_0 => by_rows!(Q4_0),
-        Format::Q4_K => by_rows!(Q4_K),
-        Format::Q6_K => by_rows!(Q6_K),
-    }
+    by_format!(format, by_rows)
 }
 
 /// [`super::q4k_meta`] for all 16 columns of a Q4_K panel block's scales at `meta`: (`sc`, `m`),
@@ -301,12 +309,7 @@ pub unsafe fn tile_vnni_pair(format: Format, rows: &[&QuantRow], panels: [&[u8];
             }
         };
     }
-    match format {
-        Format::Q8_0 => by_rows!(Q8_0),
-        Format::Q4_0 => by_rows!(Q4_0),
-        Format::Q4_K => by_rows!(Q4_K),
-        Format::Q6_K => by_rows!(Q6_K),
-    }
+    by_format!(format, by_rows)
 }
 
 /// Where the VNNI loop reads its `R` rows: their int8 values, block scales, scaled sums and
@@ -494,12 +497,7 @@ pub unsafe fn tile_avx2(format: Format, rows: &[&QuantRow], panel: &[u8], nb: us
     }
     for (chunk, out) in rows.chunks(4).zip(acc.chunks_mut(4)) {
         for h in 0..2 {
-            match format {
-                Format::Q8_0 => by_rows!(Q8_0, chunk, out, h),
-                Format::Q4_0 => by_rows!(Q4_0, chunk, out, h),
-                Format::Q4_K => by_rows!(Q4_K, chunk, out, h),
-                Format::Q6_K => by_rows!(Q6_K, chunk, out, h),
-            }
+            by_format!(format, by_rows, chunk, out, h)
         }
     }
 }
