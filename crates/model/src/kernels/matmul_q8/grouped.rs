@@ -11,7 +11,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::{adjacent_panels, path, quantize_rows, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
+use super::{panel_run, path, quantize_rows, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
 use crate::kernels::{by_panel_stripes_grouped, rowwise, Stripe};
 
 /// One expert's share of a grouped matmul: the rows routed to it and its columns
@@ -78,15 +78,17 @@ pub(super) fn gated_with(
     let rows: Vec<Vec<&QuantRow>> = jobs.iter().map(|j| j.rows.iter().map(|&r| &all[r as usize]).collect()).collect();
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
-    run(jobs, &rows, ys, 1, |rows, a, _, [g, u], put| {
-        let (gp, upn) = (&gate.data[a * gb..(a + 1) * gb], &up.data[a * ub..(a + 1) * ub]);
-        for r0 in (0..rows.len()).step_by(ROWS) {
-            let r1 = (r0 + ROWS).min(rows.len());
-            tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [g, u]);
-            for (i, (g, u)) in g.iter().zip(u.iter()).enumerate().take(r1 - r0) {
-                let mut o = [0f32; COLS];
-                rowwise::silu_mul_row(g, u, &mut o);
-                put(r0 + i, 0, &o);
+    run(jobs, &rows, ys, |rows, range, [g, u], put| {
+        for (k, a) in range.enumerate() {
+            let (gp, upn) = (&gate.data[a * gb..(a + 1) * gb], &up.data[a * ub..(a + 1) * ub]);
+            for r0 in (0..rows.len()).step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(rows.len());
+                tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [&mut *g, &mut *u]);
+                for (i, (g, u)) in g.iter().zip(u.iter()).enumerate().take(r1 - r0) {
+                    let mut o = [0f32; COLS];
+                    rowwise::silu_mul_row(g, u, &mut o);
+                    put(r0 + i, k, &o);
+                }
             }
         }
     });
@@ -112,30 +114,26 @@ pub(super) fn plain_with(
         })
         .collect();
     let rows: Vec<Vec<&QuantRow>> = quantized.iter().map(|q| q.iter().collect()).collect();
-    // Decode's few rows take two panels a pass where there are two (see `tile_pair`).
-    run(jobs, &rows, ys, 2, |rows, a, n, accs, put| adjacent_panels(isa, w, rows, a, n, accs, put));
+    // Decode's few rows take two panels a pass (see `panel_run`).
+    run(jobs, &rows, ys, |rows, range, accs, put| panel_run(isa, w, rows, range, accs, put));
 }
 
-/// Every job's panels in one parallel region, up to `step` at a time: `panel(rows, a, n, accs,
-/// put)` computes the merged weight's panels `a..a + n` (`n ≤ step`) for a job's quantized `rows`
-/// in the task's two tile accumulators `accs`, handing row `r`'s 16 outputs of panel `a + k` to
+/// Every job's panels in one parallel region: `panels(rows, range, accs, put)` computes the
+/// merged weight's panels `range` (within one job) for the job's quantized `rows` in the task's
+/// two tile accumulators `accs`, handing row `r`'s 16 outputs of panel `range.start + k` to
 /// `put(r, k, ..)`.
 fn run(
     jobs: &[ExpertJob],
     rows: &[Vec<&QuantRow>],
     ys: &mut [&mut [MaybeUninit<f32>]],
-    step: usize,
-    panel: impl Fn(&[&QuantRow], usize, usize, &mut [Acc; 2], &mut dyn FnMut(usize, usize, &[f32])) + Sync,
+    panels: impl Fn(&[&QuantRow], std::ops::Range<usize>, &mut [Acc; 2], &mut dyn FnMut(usize, usize, &[f32])) + Sync,
 ) {
     let ms: Vec<usize> = jobs.iter().map(|j| j.rows.len()).collect();
     let cols: Vec<usize> = jobs.iter().map(|j| j.cols).collect();
     by_panel_stripes_grouped(&ms, &cols, COLS, 1, ys, |j, p0, p1, stripe: &mut Stripe| {
         let base = jobs[j].col0 / COLS;
         let mut accs = [[[0f32; COLS]; ROWS]; 2];
-        for p in (p0..p1).step_by(step) {
-            let n = step.min(p1 - p);
-            panel(&rows[j], base + p, n, &mut accs, &mut |r, k, vals| stripe.put(r, p + k - p0, vals));
-        }
+        panels(&rows[j], base + p0..base + p1, &mut accs, &mut |r, k, vals| stripe.put(r, k, vals));
     });
 }
 
