@@ -290,8 +290,20 @@ unsafe fn vnni_pair<const F: u8, const R: usize>(
 }
 
 /// Whether the VNNI paths take two panels at a time where they can ([`tile_vnni_pair`]): on
-/// Intel, where it was measured (see [`vnni_pair`]). Zen 4's prefetchers answered the other
-/// stream choices here differently (see [`far_prefetch`]), so there it waits for a measurement.
+/// Intel, where it won (see [`vnni_pair`]). On Zen 4 (2026-12-06, 2 threads) it was level, so
+/// the simpler one-panel loop stays there:
+/// - qwen3-30b-a3b Q4_K, every decode step alternated between the two ways in one process: step
+///   time 1.010 of one panel's at one sequence (256 pairs of steps, quartiles 0.983–1.041), 1.000
+///   at 16 sequences (61 pairs, 0.969–1.021);
+/// - a 1.1 GB 768-input Q4_K weight (`q8_tile_cost --out 2621440 --in 768 --calls 1`), the two
+///   ways alternated call by call within one process: time 0.99–1.05 of one panel's at one row,
+///   0.90–0.99 at two, 1.01–1.20 at three;
+/// - `scripts/tile_stream.c`: two panels at once streamed slower than one (R1 29.3 against 33.2
+///   GB/s, R2 28.7 against 33.1).
+///
+/// This host's bandwidth moved between about 35 and 60 GB/s from one minute to the next: the
+/// two ways in alternate runs of the example (a minute each) showed the pair 1.4–1.7× faster at
+/// one and two rows, which the call-by-call alternation did not.
 pub fn pair_panels() -> bool {
     intel()
 }
