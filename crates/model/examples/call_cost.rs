@@ -21,7 +21,7 @@ fn main() {
     let head = q4k(151_936, 2048, &mut rng);
     let calls: Vec<(PackedQ8, PackedQ8)> =
         (0..layers).map(|_| (q4k(5120, 2048, &mut rng), q4k(2048, 4096, &mut rng))).collect();
-    let x: Vec<f32> = (0..4096).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let x = rng.values(4096);
     let mut y = vec![MaybeUninit::<f32>::uninit(); 151_936];
     let layer_bytes: usize = calls.iter().map(|(qkv, o)| qkv.packed_bytes() + o.packed_bytes()).sum();
     let (mut big, mut small, mut ratio) = (Vec::new(), Vec::new(), Vec::new());

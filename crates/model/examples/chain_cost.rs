@@ -24,10 +24,9 @@ fn main() {
     let layers: usize = arg("--layers", "48").parse().expect("--layers: a number");
     let iters: usize = arg("--iters", "20").parse().expect("--iters: a number");
     let mut rng = Rng(0x9E37_79B9);
-    let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect() };
-    let x = draw(Q);
+    let x = rng.values(Q);
     let routers: Vec<PackedF32> =
-        (0..layers).map(|_| PackedF32::pack(&draw(EXPERTS * HIDDEN), EXPERTS, HIDDEN)).collect();
+        (0..layers).map(|_| PackedF32::pack(&rng.values(EXPERTS * HIDDEN), EXPERTS, HIDDEN)).collect();
     let mut rng = Rng(0x2545_F491);
     // In load order, as the model holds them: q, k, v, o.
     let proj: Vec<[PackedQ8; 4]> = (0..layers)

@@ -37,7 +37,7 @@ fn main() {
             ]
         })
         .collect();
-    let x: Vec<f32> = (0..n * HIDDEN).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let x = rng.values(n * HIDDEN);
     // The GGUF file's bytes of an expert (the throughput figure's unit), and the bytes the kernel
     // streams for one expert's projection (the peer reads as many: its packed Q4_K panels carry
     // 2.8% more than the file, so a peer reading the file's bytes made the kernel look that much

@@ -30,7 +30,7 @@ fn main() {
     let mut rng = Rng(0x9E37_79B9);
     let w = weights(format, out, inp, &mut rng);
     for m in rows {
-        let x: Vec<f32> = (0..m * inp).map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+        let x = rng.values(m * inp);
         let mut y = vec![0f32; m * out];
         let mut times: Vec<f64> = (0..15)
             .map(|_| {

@@ -31,6 +31,11 @@ impl Rng {
         self.0 ^= self.0 << 5;
         self.0
     }
+
+    /// `n` activations in [-1, 1), in steps of 0.001.
+    pub fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() % 2000) as f32 / 1000.0 - 1.0).collect()
+    }
 }
 
 /// Random Q4_K blocks for an `[out, inp]` weight with small finite `d` and `dmin`.
