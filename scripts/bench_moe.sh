@@ -80,7 +80,7 @@ else
   }
 
   # Nothing from an earlier run (with or without rounds) may join this one's report.
-  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss "$RAW"/*.huge
+  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-probe.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss "$RAW"/*.huge
   run flint-inspect "$F" inspect --model "$MODEL"
   MEMBW=0
   if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
@@ -103,6 +103,11 @@ else
     run "flint-parallel-r$i" "$F" bench throughput --model "$MODEL" --num-prompts "$PARALLEL" --input-len 128 \
       --output-len 128 --max-num-seqs "$PARALLEL" --kv-cache-dtype bf16
   done
+  # The decode's share of the bandwidth at its own moments: a read of 1 GiB between every two decode
+  # steps, in flint's process on its threads (a process of its own: the probe's buffer would join
+  # the latency run's peak RSS).
+  run flint-probe "$F" bench latency --model "$MODEL" --prompt-len 16 --gen-len 256 --reps 1 \
+    --kv-cache-dtype bf16 --bandwidth-probe --json "$RAW/flint-probe.json"
   # Bandwidth again at the end: on a shared host it moves with the neighbours' load (33 to 62 GB/s
   # huge-page read best within minutes on one Zen 4), so the bounds span every bandwidth run's.
   if [ "$MEMBW" = 1 ]; then
@@ -278,6 +283,18 @@ if bw and per_token and ft:
         lines.append(f"| {when} | {pages} | {v['read_best']:.1f} | {v['read_median']:.1f} | {v['triad_best']:.1f} | {v['triad_median']:.1f} |")
     lines += ["", f"flint's tg128 × bytes per token = {gbs:.1f} GB/s: {100 * gbs / lim['triad_median']:.0f}% of the "
               f"huge-page triad median, {100 * gbs / best:.0f}% of the huge-page read best."]
+    # The same share with the bandwidth measured at the decode's own moments (`--bandwidth-probe`).
+    probe_json = read("flint-probe.json")
+    probe = (json.loads(probe_json).get("depths") or [{}])[0].get("bandwidth_probe") if probe_json else None
+    if probe:
+        lo_s, med_s, hi_s = probe["share"]
+        lines += ["", f"In flint's own process (`--bandwidth-probe`, a run of its own after the rounds): a read of "
+                  f"1 GiB before the first decode step and after each, as `membw.c` reads, on the decode's threads. "
+                  f"{probe['steps']} decode steps, median {probe['step_ms_median']:.1f} ms "
+                  f"({probe['weights_gb_s']:.1f} GB/s of weights); the reads {probe['read_gb_s_median']:.1f} GB/s "
+                  f"median ({probe['read_gb_s_min']:.1f} to {probe['read_gb_s_max']:.1f}). Each step's weight stream "
+                  f"against the mean of the two reads around it: **{100 * med_s:.0f}%** median (quartiles "
+                  f"{100 * lo_s:.0f}% to {100 * hi_s:.0f}%)."]
     # How far ahead of llama.cpp any program that reads these bytes could be: both read the same
     # weights per token, so a decode is bounded by the bandwidth of its minutes. That moved between
     # windows about 2x apart within this run, so the bound is given for the slowest and the fastest

@@ -21,6 +21,10 @@ use flint_engine::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use flint_model::kernels::read_probe::ReadProbe;
+use flint_model::source::Checkpoint;
+
+use crate::bandwidth_probe;
 use crate::engine_args::{DeviceArg, KvDtypeArg, SpeculativeArg};
 
 #[derive(clap::Args)]
@@ -55,6 +59,11 @@ pub struct LatencyArgs {
     /// Write the results as JSON too.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// After the timed runs, one more tg run with a read of a 1 GiB buffer before its first step
+    /// and after each: every step's weight bytes a second against the memory bandwidth of its own
+    /// moments (see `bandwidth_probe`). Costs the buffer and a read a step.
+    #[arg(long)]
+    bandwidth_probe: bool,
 }
 
 /// Run one request to the end; returns (seconds to its first token, seconds for the rest, tokens).
@@ -132,6 +141,11 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     let mut warm = core_for(0, 4096)?;
     run_request(&mut warm, prompt(a.prompt_len.min(16)), 1)?;
     drop(warm);
+    let probe = a.bandwidth_probe.then(|| ReadProbe::new(bandwidth_probe::PROBE_BYTES));
+    let weight_bytes = match probe {
+        Some(_) => crate::inspect::read_per_token(&Checkpoint::open(&lm.source)?).1,
+        None => 0.0,
+    };
     let kv = a.kv.get().map_or("auto".to_string(), |d| d.to_string());
     let name = format!("{} ({:?} on {}, KV {kv})", lm.source, lm.model.dtype(), a.device.device);
     println!("| model | test | t/s |\n| --- | --- | ---: |");
@@ -174,11 +188,23 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         if core.speculative().is_some() {
             eprintln!("{}", core.spec_counters.log_line());
         }
+        let mut probed = None;
+        if let Some(probe) = &probe {
+            let mut p = context.clone();
+            p.extend(prompt(1));
+            let run = bandwidth_probe::run(&mut core, p, a.gen_len, probe)?;
+            probed = run.summary(weight_bytes);
+            match &probed {
+                Some(s) => eprintln!("{}", s.line(&format!("tg{}{at}", a.gen_len))),
+                None => eprintln!("bandwidth probe: --gen-len {} leaves no decode step to measure", a.gen_len),
+            }
+        }
         results.push(serde_json::json!({
             "depth": depth,
             "context_prefill_s": prefill,
             "pp": {"n": a.prompt_len, "mean": pm, "sd": ps, "samples": pp},
             "tg": {"n": a.gen_len, "mean": tm, "sd": ts, "samples": tg},
+            "bandwidth_probe": probed,
             "spec_decode": core.speculative().map(|_| serde_json::json!({
                 "drafts": core.spec_counters.drafts,
                 "draft_tokens": core.spec_counters.draft_tokens,

@@ -115,14 +115,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     for (dtype, (n, bytes)) in &by_dtype {
         println!("  {dtype:<6} {} parameters, {} bytes", group(*n), group(*bytes));
     }
-    // What decoding one token of one sequence reads: every weight except the idle experts and
-    // all but one embedding row (the whole matrix when it doubles as the head).
-    let (mut active, mut read) = (0f64, 0f64);
-    for t in &tensors {
-        let share = per_token_share(&t.name, c);
-        active += share * t.shape.iter().product::<usize>() as f64;
-        read += share * t.bytes as f64;
-    }
+    let (active, read) = read_per_token(&ck);
     println!(
         "per token:       {} parameters read ({:.1}%), {} bytes of weights",
         group(active.round() as usize),
@@ -161,6 +154,19 @@ pub fn run(a: InspectArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What decoding one token of one sequence reads, as (parameters, bytes as stored): every weight
+/// except the idle experts and all but one embedding row (the whole matrix when it doubles as the
+/// head).
+pub fn read_per_token(ck: &Checkpoint) -> (f64, f64) {
+    let (mut active, mut read) = (0f64, 0f64);
+    for t in &ck.weights.tensors() {
+        let share = per_token_share(&t.name, &ck.config);
+        active += share * t.shape.iter().product::<usize>() as f64;
+        read += share * t.bytes as f64;
+    }
+    (active, read)
 }
 
 /// The share of tensor `name` (a checkpoint's or a GGUF's name) one decoded token reads: a

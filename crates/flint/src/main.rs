@@ -2,6 +2,7 @@
 //! inspect checkpoints.
 //! Every failure ends with one `error: …` line on stderr and a non-zero exit.
 
+mod bandwidth_probe;
 mod bench;
 mod bench_latency;
 mod bench_serve;

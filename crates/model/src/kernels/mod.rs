@@ -12,6 +12,7 @@ pub mod matmul_bf16;
 pub mod matmul_f32;
 pub mod matmul_q8;
 pub mod pool;
+pub mod read_probe;
 pub mod rowwise;
 
 pub use isa::Isa;
