@@ -111,6 +111,25 @@ pub(crate) fn cpu_is_intel() -> bool {
     false
 }
 
+/// The CPU's family as CPUID leaf 1 gives it (the base family, plus the extended family where the
+/// base is 15), as `cpu family` in /proc/cpuinfo: AMD's Zen 4 is 25 (0x19), Zen 5 26 (0x1A).
+pub(crate) fn cpu_family() -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 1 exists on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+        let base = (eax >> 8) & 0xF;
+        if base == 0xF {
+            base + ((eax >> 20) & 0xFF)
+        } else {
+            base
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
 /// `FLINT_CPU_ISA`'s values. `avx512` caps below the bf16 dot products only: VNNI, which changes
 /// no bits, stays where the CPU has it. Empty is the default, [`DEFAULT_CAP`].
 impl std::str::FromStr for Isa {
@@ -177,5 +196,24 @@ mod tests {
             return;
         };
         assert_eq!(super::cpu_is_intel(), vendor == "GenuineIntel", "vendor_id {vendor}");
+    }
+
+    /// The family CPUID gives is the one the kernel reports (`cpu family` in /proc/cpuinfo).
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn family_matches_proc_cpuinfo() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let family = info
+            .lines()
+            .find_map(|l| l.strip_prefix("cpu family"))
+            .and_then(|v| v.trim_start_matches([' ', '\t', ':']).parse::<u32>().ok());
+        let Some(family) = family else {
+            eprintln!("skipped: /proc/cpuinfo names no family");
+            return;
+        };
+        assert_eq!(super::cpu_family(), family);
     }
 }

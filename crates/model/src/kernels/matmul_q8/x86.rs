@@ -66,8 +66,8 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 }
 
 /// How far ahead of the block being read the weight stream is prefetched, in bytes (rounded to
-/// whole panel blocks): into L2 well ahead (where [`far_prefetch`]), then into L1 shortly before
-/// use. The loop carries enough arithmetic per byte that the out-of-order window alone does not
+/// whole panel blocks): into L2 well ahead, then into L1 shortly before use (which of the two a
+/// tile issues depends on the CPU and the rows: [`vnni_ahead`]). The loop carries enough arithmetic per byte that the out-of-order window alone does not
 /// keep enough misses in flight. Measured on Zen 4 on Q4_0 at one row (a 150 MB matrix, medians
 /// of 30 alternated runs): 9 KB to L2 plus 2.3 KB to L1 streamed 13–15% faster than 2.3 KB to
 /// L1 alone, and 6% faster than L2 alone; the non-temporal hint and no prefetch were slower.
@@ -77,63 +77,109 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 /// distances: the L2 one doubled 0.96–0.99×, halved 0.87–0.93×; the L1 one doubled 0.91–1.00×;
 /// no prefetch in the 1–3-row tiles (the experts' case) 0.84–0.94×. With no prefetch at all, a
 /// lone 180 MB matrix at one row streamed faster while the host's bandwidth peaked (55–59
-/// against 46 GB/s), and the model's 16-token prefill lost 15–20%. One-row tiles do better
-/// without it: see [`single_row_prefetch`]. The L1 distance reaches the tiles opaque to the
+/// against 46 GB/s), and the model's 16-token prefill lost 15–20%. One-row tiles on Zen 4 do
+/// better without it: see [`vnni_ahead`]. The L1 distance reaches the tiles opaque to the
 /// compiler: see [`Ahead::new`].
 const PREFETCH_L2_BYTES: usize = 9216;
 const PREFETCH_L1_BYTES: usize = 2304;
 
-/// Whether the far prefetch into L2 is issued: not on Intel. On the project's Sapphire
-/// Rapids-class Xeon (2 threads, alternated runs) the L1 prefetch alone streamed faster: the
-/// grouped experts of qwen3-30b-a3b at 16 rows (`moe_cost`) 24.9–25.0 against 23.0–23.1 GB/s
-/// (none at all: 21.4–21.5; L2 alone: 22.8–23.1), a Q4_K qwen2.5-1.5b decoded 28.9–29.7 tok/s
-/// against 25.9–28.0.
-/// There the L2 streamer runs ahead on its own, and a software prefetch holds one of the core's
-/// few fill buffers until its line arrives, as a demand miss does: in a profile of the 16-sequence
-/// decode there, 41% of the tile's samples sat on its `prefetcht0`s. Other L1 prefetches on the
-/// same Xeon (`moe_cost --rows 16`, 2 alternations, time against these distances): twice as far
-/// 1.10–1.15×, half as far 0.98×, every other line 0.98–1.04×, into L2 (T1) 0.95–0.97×; none
-/// clear of the noise. Asking for the first two lines of each 4 KiB page 16 KiB ahead (Intel's L2
-/// streamer stops at every 4 KiB boundary and trains again) looked better alone while `membw`
-/// read 25.5 GB/s: one-row calls (`call_cost`) 24.4–25.3 against 17.7–18.9 GB/s, the experts at
-/// 16 rows (`moe_cost`) 9.9–10.4 against 12.4–12.7 ms a layer. On the whole model, alternated
-/// with the same binary without it, it was level: 16 sequences 25.91 and 25.27 against 24.38 and
-/// 25.78 tok/s, tg128 11.83 against 12.03. Not kept.
-fn far_prefetch() -> bool {
-    !intel()
+/// The CPUs whose tiles prefetch differently (see [`vnni_ahead`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Streamer {
+    Intel,
+    /// AMD from family 26 (0x1A, Zen 5) on.
+    Zen5,
+    /// Zen 4 and every other CPU.
+    Other,
 }
 
-/// Whether a one-row tile prefetches its weights at all: on Intel only, where one-row calls without
-/// it streamed at 0.77× (`call_cost`, Sapphire Rapids-class Xeon, 2 threads, 3 alternated rounds:
-/// one lm_head-sized Q4_K call 21.5–22.1 against 28.1–29.1 GB/s, qwen3-30b-a3b's per-layer calls
-/// 20.2–21.1 against 26.3–27.5; adding the far prefetch was level, 27.8–28.8). One-row tiles are
-/// every matmul of a single sequence's decode, and a mixture's experts that one row chose. Their
-/// loop is quick enough per byte that the hardware streamer and the out-of-order window keep the
-/// misses in flight, and the ten prefetch instructions a 288-byte Q4_K block only cost. Zen 4, 2
-/// threads, every decode step alternated with the prefetching tile in one process (so both see the
-/// same moment of this shared host's memory), step time against the prefetching one: qwen3-30b-a3b
-/// Q4_K single stream 0.89–0.99× (ten runs of 256 tokens; 0.89–0.93 while the host streamed
-/// fastest), qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six windows of
-/// 30 pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02× and keeping
-/// the far prefetch alone in one-row tiles 1.14–1.16×.
-fn single_row_prefetch() -> bool {
-    intel()
+/// Which [`Streamer`] this CPU is, asked of CPUID once (the tiles read it on every call).
+fn streamer() -> Streamer {
+    static CPU: std::sync::OnceLock<Streamer> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| streamer_of(crate::kernels::isa::cpu_is_intel(), crate::kernels::isa::cpu_family()))
 }
 
-/// Whether the CPU is Intel's, asked of CPUID once (the prefetch choices above read it on every
-/// tile call).
+fn streamer_of(intel: bool, family: u32) -> Streamer {
+    match (intel, family) {
+        (true, _) => Streamer::Intel,
+        (false, f) if f >= 0x1A => Streamer::Zen5,
+        _ => Streamer::Other,
+    }
+}
+
 fn intel() -> bool {
-    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INTEL.get_or_init(crate::kernels::isa::cpu_is_intel)
+    streamer() == Streamer::Intel
+}
+
+/// Up to how many rows a Zen 5 tile prefetches into L2 only (see [`vnni_ahead`]).
+const FAR_ONLY_ROWS: usize = 4;
+
+/// Which prefetches a VNNI tile of `rows` rows issues (`None`: none), per CPU. One- to few-row
+/// tiles are every matmul of a single sequence's decode and a mixture's experts at any batch.
+///
+/// **Intel: into L1 only, at every row count.** On the project's Sapphire Rapids-class Xeon (2
+/// threads, alternated runs) the L1 prefetch alone streamed faster than with the far one too:
+/// the grouped experts of qwen3-30b-a3b at 16 rows (`moe_cost`) 24.9–25.0 against 23.0–23.1 GB/s
+/// (none at all: 21.4–21.5; L2 alone: 22.8–23.1), a Q4_K qwen2.5-1.5b decoded 28.9–29.7 tok/s
+/// against 25.9–28.0. There the L2 streamer runs ahead on its own, and a software prefetch holds
+/// one of the core's few fill buffers until its line arrives, as a demand miss does: in a profile
+/// of the 16-sequence decode there, 41% of the tile's samples sat on its `prefetcht0`s. Other L1
+/// prefetches on the same Xeon (`moe_cost --rows 16`, 2 alternations, time against these
+/// distances): twice as far 1.10–1.15×, half as far 0.98×, every other line 0.98–1.04×, into L2
+/// (T1) 0.95–0.97×; none clear of the noise. Asking for the first two lines of each 4 KiB page 16
+/// KiB ahead (Intel's L2 streamer stops at every 4 KiB boundary and trains again) looked better
+/// alone while `membw` read 25.5 GB/s: one-row calls (`call_cost`) 24.4–25.3 against 17.7–18.9
+/// GB/s, the experts at 16 rows (`moe_cost`) 9.9–10.4 against 12.4–12.7 ms a layer. On the whole
+/// model, alternated with the same binary without it, it was level: 16 sequences 25.91 and 25.27
+/// against 24.38 and 25.78 tok/s, tg128 11.83 against 12.03. Not kept. One-row calls without any
+/// prefetch streamed at 0.77× (`call_cost`, 3 alternated rounds: one lm_head-sized Q4_K call
+/// 21.5–22.1 against 28.1–29.1 GB/s, qwen3-30b-a3b's per-layer calls 20.2–21.1 against 26.3–27.5;
+/// adding the far prefetch was level, 27.8–28.8).
+///
+/// **Zen 5 (AMD family 26): into L2 only up to [`FAR_ONLY_ROWS`] rows, into both beyond.**
+/// Measured 2026-12-06 on a 2-core EPYC of family 26 model 2 (2 threads, the ways alternated
+/// call by call or decode step by decode step within one process, so each pair saw the same
+/// moments of this shared host, whose `membw` huge-page read moved between 44 and 74 GB/s):
+/// - a 1.2 GB Q4_K weight (`--out 1048576 --in 2048`) at one row: none (Zen 4's choice) 33–38
+///   GB/s, both prefetches 60–64, L1 only 66–70, L2 only 73–76 while `membw` read 68–74; a 1.1 GB
+///   768-input one (the experts' down shape) 35 against 71; L2 at half the distance level, at
+///   twice 0.95;
+/// - two and three rows, L2 only against both: 74–78 against 61–65 GB/s (and 40–49 against 39–44
+///   in a slower minute); four rows 67 against 64; eight and sixteen rows (compute-bound) L2 only
+///   was slower, 35 against 40 and 20.1 against 20.8;
+/// - the whole of qwen3-30b-a3b Q4_K, one sequence, every decode step alternated: L2-only one-row
+///   tiles took 0.597 of the steps without prefetch (quartiles 0.584–0.614; 30.6 against 50.9 ms),
+///   qwen2.5-1.5b Q4_K 0.600 and 0.759 (two runs); 16 sequences 0.845 (0.830–0.863); at 16
+///   sequences L2 only at every row count against both beyond one row 0.993, level;
+/// - the pair loop ([`pair_panels`]) on top was slower at one row (64–68 against 71–74 GB/s) and
+///   three (46–55 against 62–70).
+///
+/// **Zen 4 (AMD family 25) and others: none at one row, both beyond.** On the project's Zen 4 (2
+/// threads, every decode step alternated with the prefetching tile in one process), step time
+/// without the one-row prefetch against with it: qwen3-30b-a3b Q4_K single stream 0.89–0.99× (ten
+/// runs of 256 tokens), qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six
+/// windows of 30 pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02×
+/// and keeping the far prefetch alone in one-row tiles 1.14–1.16×. Zen 4's one-row loop is quick
+/// enough per byte that its hardware streamer and out-of-order window keep the misses in flight;
+/// Zen 5's, at twice the vector width, leaves them too few lines ahead.
+fn vnni_ahead(rows: usize, pb: usize) -> Option<Ahead> {
+    match (streamer(), rows) {
+        (Streamer::Intel, _) => Some(Ahead::new(pb, false, true)),
+        (Streamer::Zen5, r) if r <= FAR_ONLY_ROWS => Some(Ahead::new(pb, true, false)),
+        (Streamer::Other, 1) => None,
+        _ => Some(Ahead::new(pb, true, true)),
+    }
 }
 
 /// How far ahead a tile's weight stream is prefetched, in bytes: whole panel blocks of `pb`
-/// bytes, into L1 at `l1` and (where `far`) into L2 at `l2`. Worked out once per tile call.
+/// bytes, into L2 at `l2` (where `far`) and into L1 at `l1` (where `near`). Worked out once per
+/// tile call.
 #[derive(Clone, Copy)]
 struct Ahead {
     l1: usize,
     l2: usize,
     far: bool,
+    near: bool,
 }
 
 impl Ahead {
@@ -159,9 +205,9 @@ impl Ahead {
     ///   host's noise (2 alternated rounds).
     ///
     /// A row count that streams well below both neighbours in the first command is this again.
-    fn new(pb: usize) -> Self {
+    fn new(pb: usize, far: bool, near: bool) -> Self {
         let l1 = std::hint::black_box(PREFETCH_L1_BYTES);
-        Ahead { l1: (l1 / pb).max(1) * pb, l2: (PREFETCH_L2_BYTES / pb).max(1) * pb, far: far_prefetch() }
+        Ahead { l1: (l1 / pb).max(1) * pb, l2: (PREFETCH_L2_BYTES / pb).max(1) * pb, far, near }
     }
 }
 
@@ -175,7 +221,9 @@ unsafe fn prefetch_ahead(base: *const u8, pb: usize, ahead: Ahead) {
         if ahead.far {
             _mm_prefetch(l2.wrapping_add(line) as *const i8, _MM_HINT_T1);
         }
-        _mm_prefetch(l1.wrapping_add(line) as *const i8, _MM_HINT_T0);
+        if ahead.near {
+            _mm_prefetch(l1.wrapping_add(line) as *const i8, _MM_HINT_T0);
+        }
         line += 64;
     }
 }
@@ -247,7 +295,7 @@ unsafe fn q6_high_512(h: __m512i, g: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn vnni<const F: u8, const R: usize>(rows: &[&QuantRow], panel: &[u8], nb: usize, acc: &mut Acc) {
     let format = Format::from_tag(F);
-    let ahead = (R > 1 || single_row_prefetch()).then(|| Ahead::new(format.panel_block()));
+    let ahead = vnni_ahead(R, format.panel_block());
     let x = RowPtrs::<R>::new(rows);
     let mut s = PanelSums::<R>::new();
     for b in 0..nb {
@@ -277,7 +325,7 @@ unsafe fn vnni_pair<const F: u8, const R: usize>(
     accs: [&mut Acc; 2],
 ) {
     let format = Format::from_tag(F);
-    let ahead = (R > 1 || single_row_prefetch()).then(|| Ahead::new(format.panel_block()));
+    let ahead = vnni_ahead(R, format.panel_block());
     let x = RowPtrs::<R>::new(rows);
     let (mut s0, mut s1) = (PanelSums::<R>::new(), PanelSums::<R>::new());
     for b in 0..nb {
@@ -304,6 +352,9 @@ unsafe fn vnni_pair<const F: u8, const R: usize>(
 /// This host's bandwidth moved between about 35 and 60 GB/s from one minute to the next: the
 /// two ways in alternate runs of the example (a minute each) showed the pair 1.4–1.7× faster at
 /// one and two rows, which the call-by-call alternation did not.
+///
+/// On Zen 5 (AMD family 26, 2026-12-06, alternated call by call) it was slower, on top of that
+/// CPU's L2-only prefetch: see [`vnni_ahead`].
 pub fn pair_panels() -> bool {
     intel()
 }
@@ -540,7 +591,8 @@ unsafe fn avx2<const F: u8, const R: usize>(
 ) {
     let format = Format::from_tag(F);
     let (vals, pb) = (format.values(), format.panel_block());
-    let ahead = Ahead::new(pb);
+    // The AVX2 CPUs are older than the tunings of `vnni_ahead`: both, but not L2 on Intel.
+    let ahead = Ahead::new(pb, !intel(), true);
     let mut f = [_mm256_setzero_ps(); R];
     let (low, ones, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(-128));
     let (mut d, mut nmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -642,5 +694,18 @@ unsafe fn avx2<const F: u8, const R: usize>(
     }
     for r in 0..R {
         _mm256_storeu_ps(out[r].as_mut_ptr().add(h * 8), f[r]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{streamer_of, Streamer};
+
+    #[test]
+    fn streamers_by_vendor_and_family() {
+        assert_eq!(streamer_of(true, 6), Streamer::Intel);
+        assert_eq!(streamer_of(false, 0x19), Streamer::Other, "Zen 4");
+        assert_eq!(streamer_of(false, 0x1A), Streamer::Zen5);
+        assert_eq!(streamer_of(false, 0x17), Streamer::Other, "Zen 2");
     }
 }
