@@ -130,6 +130,32 @@ pub(crate) fn cpu_family() -> u32 {
     0
 }
 
+/// The CPUs whose int8 tiles prefetch their weight streams differently (see `matmul_q8::x86`'s
+/// `vnni_ahead`): the hardware prefetchers and out-of-order windows differ enough that each was
+/// measured on its own.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Streamer {
+    Intel,
+    /// AMD from family 26 (0x1A, Zen 5) on.
+    Zen5,
+    /// Zen 4 and every other CPU.
+    Other,
+}
+
+/// Which [`Streamer`] this CPU is, asked of CPUID once (the kernels read it on every call).
+pub(crate) fn streamer() -> Streamer {
+    static CPU: std::sync::OnceLock<Streamer> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| streamer_of(cpu_is_intel(), cpu_family()))
+}
+
+fn streamer_of(intel: bool, family: u32) -> Streamer {
+    match (intel, family) {
+        (true, _) => Streamer::Intel,
+        (false, f) if f >= 0x1A => Streamer::Zen5,
+        _ => Streamer::Other,
+    }
+}
+
 /// `FLINT_CPU_ISA`'s values. `avx512` caps below the bf16 dot products only: VNNI, which changes
 /// no bits, stays where the CPU has it. Empty is the default, [`DEFAULT_CAP`].
 impl std::str::FromStr for Isa {
@@ -196,6 +222,15 @@ mod tests {
             return;
         };
         assert_eq!(super::cpu_is_intel(), vendor == "GenuineIntel", "vendor_id {vendor}");
+    }
+
+    #[test]
+    fn streamers_by_vendor_and_family() {
+        use super::{streamer_of, Streamer};
+        assert_eq!(streamer_of(true, 6), Streamer::Intel);
+        assert_eq!(streamer_of(false, 0x19), Streamer::Other, "Zen 4");
+        assert_eq!(streamer_of(false, 0x1A), Streamer::Zen5);
+        assert_eq!(streamer_of(false, 0x17), Streamer::Other, "Zen 2");
     }
 
     /// The family CPUID gives is the one the kernel reports (`cpu family` in /proc/cpuinfo).

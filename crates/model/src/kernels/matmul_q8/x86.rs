@@ -4,6 +4,7 @@
 use super::{
     offset_terms, scaled_sums, Acc, Format, QuantRow, COLS, NEG_Q4_0, NEG_Q6_HI, NEG_Q6_LO, NEG_Q8_0, QK, SUPER,
 };
+use crate::kernels::isa::{streamer, Streamer};
 use std::arch::x86_64::*;
 
 const Q8_0: u8 = Format::Q8_0.tag();
@@ -82,30 +83,6 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 /// compiler: see [`Ahead::new`].
 const PREFETCH_L2_BYTES: usize = 9216;
 const PREFETCH_L1_BYTES: usize = 2304;
-
-/// The CPUs whose tiles prefetch differently (see [`vnni_ahead`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Streamer {
-    Intel,
-    /// AMD from family 26 (0x1A, Zen 5) on.
-    Zen5,
-    /// Zen 4 and every other CPU.
-    Other,
-}
-
-/// Which [`Streamer`] this CPU is, asked of CPUID once (the tiles read it on every call).
-fn streamer() -> Streamer {
-    static CPU: std::sync::OnceLock<Streamer> = std::sync::OnceLock::new();
-    *CPU.get_or_init(|| streamer_of(crate::kernels::isa::cpu_is_intel(), crate::kernels::isa::cpu_family()))
-}
-
-fn streamer_of(intel: bool, family: u32) -> Streamer {
-    match (intel, family) {
-        (true, _) => Streamer::Intel,
-        (false, f) if f >= 0x1A => Streamer::Zen5,
-        _ => Streamer::Other,
-    }
-}
 
 fn intel() -> bool {
     streamer() == Streamer::Intel
@@ -694,18 +671,5 @@ unsafe fn avx2<const F: u8, const R: usize>(
     }
     for r in 0..R {
         _mm256_storeu_ps(out[r].as_mut_ptr().add(h * 8), f[r]);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{streamer_of, Streamer};
-
-    #[test]
-    fn streamers_by_vendor_and_family() {
-        assert_eq!(streamer_of(true, 6), Streamer::Intel);
-        assert_eq!(streamer_of(false, 0x19), Streamer::Other, "Zen 4");
-        assert_eq!(streamer_of(false, 0x1A), Streamer::Zen5);
-        assert_eq!(streamer_of(false, 0x17), Streamer::Other, "Zen 2");
     }
 }
