@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 ///
 /// Zen 5 (AMD family 26, 2026-12-06, 2 threads), where the int8 tiles' few rows stream fastest
 /// prefetching into L2 only: here, into L2 4 KiB ahead at up to four rows streamed a lone 537 MB
-/// bf16 weight 9–15% faster (alternated call by call, `membw` 64–67 GB/s), but the whole of
+/// bf16 weight 10–16% faster (alternated call by call, `membw` 64–67 GB/s), but the whole of
 /// qwen2.5-1.5b bf16 decoded level (every step alternated in one process, three runs of 256
 /// steps: 1.002, 1.011, 0.991), so this one prefetch stays on every CPU.
 const PREFETCH_STEPS: usize = 16;

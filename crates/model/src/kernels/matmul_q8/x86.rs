@@ -68,8 +68,9 @@ pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
 
 /// How far ahead of the block being read the weight stream is prefetched, in bytes (rounded to
 /// whole panel blocks): into L2 well ahead, then into L1 shortly before use (which of the two a
-/// tile issues depends on the CPU and the rows: [`vnni_ahead`]). The loop carries enough arithmetic per byte that the out-of-order window alone does not
-/// keep enough misses in flight. Measured on Zen 4 on Q4_0 at one row (a 150 MB matrix, medians
+/// tile issues depends on the CPU and the rows: [`vnni_ahead`]). The loop carries enough
+/// arithmetic per byte that the out-of-order window alone does not keep enough misses in flight.
+/// Measured on Zen 4 on Q4_0 at one row (a 150 MB matrix, medians
 /// of 30 alternated runs): 9 KB to L2 plus 2.3 KB to L1 streamed 13–15% faster than 2.3 KB to
 /// L1 alone, and 6% faster than L2 alone; the non-temporal hint and no prefetch were slower.
 ///
@@ -121,24 +122,23 @@ const FAR_ONLY_ROWS: usize = 4;
 ///   GB/s, both prefetches 60–64, L1 only 66–70, L2 only 73–76 while `membw` read 68–74; a 1.1 GB
 ///   768-input one (the experts' down shape) 35 against 71; L2 at half the distance level, at
 ///   twice 0.95;
-/// - two and three rows, L2 only against both: 74–78 against 61–65 GB/s (and 40–49 against 39–44
+/// - two and three rows, L2 only against both: 72–78 against 61–70 GB/s (and 40–49 against 39–45
 ///   in a slower minute); four rows 67 against 64; eight and sixteen rows (compute-bound) L2 only
 ///   was slower, 35 against 40 and 20.1 against 20.8;
 /// - the whole of qwen3-30b-a3b Q4_K, one sequence, every decode step alternated: L2-only one-row
 ///   tiles took 0.597 of the steps without prefetch (quartiles 0.584–0.614; 30.6 against 50.9 ms),
-///   qwen2.5-1.5b Q4_K 0.600 and 0.759 (two runs); 16 sequences 0.845 (0.830–0.863); at 16
+///   qwen2.5-1.5b Q4_K 0.600 and 0.759 (two runs); 16 sequences 0.845 (0.828–0.860); at 16
 ///   sequences L2 only at every row count against both beyond one row 0.993, level;
 /// - the pair loop ([`pair_panels`]) on top was slower at one row (64–68 against 71–74 GB/s) and
-///   three (46–55 against 62–70).
+///   three (46–55 against 61–70).
 ///
 /// **Zen 4 (AMD family 25) and others: none at one row, both beyond.** On the project's Zen 4 (2
 /// threads, every decode step alternated with the prefetching tile in one process), step time
 /// without the one-row prefetch against with it: qwen3-30b-a3b Q4_K single stream 0.89–0.99× (ten
 /// runs of 256 tokens), qwen2.5-1.5b Q4_K 0.97–0.99×, qwen3-30b-a3b's 16 sequences 0.96–1.02× (six
 /// windows of 30 pairs). At 16 sequences, dropping it in the two-row tiles as well was 1.01–1.02×
-/// and keeping the far prefetch alone in one-row tiles 1.14–1.16×. Zen 4's one-row loop is quick
-/// enough per byte that its hardware streamer and out-of-order window keep the misses in flight;
-/// Zen 5's, at twice the vector width, leaves them too few lines ahead.
+/// and keeping the far prefetch alone in one-row tiles 1.14–1.16×. Why Zen 4 and Zen 5 differ so
+/// much is not known: these hosts expose no hardware counters.
 fn vnni_ahead(rows: usize, pb: usize) -> Option<Ahead> {
     match (streamer(), rows) {
         (Streamer::Intel, _) => Some(Ahead::new(pb, false, true)),
