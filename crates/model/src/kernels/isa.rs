@@ -207,18 +207,26 @@ mod tests {
         }
     }
 
+    /// The first value of `field` in /proc/cpuinfo; `None` (and a line saying the test is
+    /// skipped) where there is no such file or field.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn cpuinfo(field: &str) -> Option<String> {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo");
+            return None;
+        };
+        let value = info.lines().find_map(|l| l.strip_prefix(field)).map(|v| v.trim_start_matches([' ', '\t', ':']));
+        if value.is_none() {
+            eprintln!("skipped: /proc/cpuinfo has no {field}");
+        }
+        value.map(str::to_string)
+    }
+
     /// The vendor CPUID names is the one the kernel reports (`vendor_id` in /proc/cpuinfo).
     #[test]
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     fn vendor_matches_proc_cpuinfo() {
-        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-            eprintln!("skipped: no /proc/cpuinfo");
-            return;
-        };
-        let vendor =
-            info.lines().find_map(|l| l.strip_prefix("vendor_id")).map(|v| v.trim_start_matches([' ', '\t', ':']));
-        let Some(vendor) = vendor else {
-            eprintln!("skipped: /proc/cpuinfo names no vendor");
+        let Some(vendor) = cpuinfo("vendor_id") else {
             return;
         };
         assert_eq!(super::cpu_is_intel(), vendor == "GenuineIntel", "vendor_id {vendor}");
@@ -237,16 +245,8 @@ mod tests {
     #[test]
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     fn family_matches_proc_cpuinfo() {
-        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-            eprintln!("skipped: no /proc/cpuinfo");
-            return;
-        };
-        let family = info
-            .lines()
-            .find_map(|l| l.strip_prefix("cpu family"))
-            .and_then(|v| v.trim_start_matches([' ', '\t', ':']).parse::<u32>().ok());
-        let Some(family) = family else {
-            eprintln!("skipped: /proc/cpuinfo names no family");
+        let Some(family) = cpuinfo("cpu family").and_then(|v| v.parse::<u32>().ok()) else {
+            eprintln!("skipped: /proc/cpuinfo's cpu family is not a number");
             return;
         };
         assert_eq!(super::cpu_family(), family);
