@@ -591,17 +591,23 @@ impl super::amx::Int8Tiles for AmxTiles {
     }
 }
 
-/// Each row of `x` `[m][inp]` quantized to int8 blocks. Rows are independent; a prompt's worth
-/// is worth splitting across the threads.
+/// Each row of `x` `[m][inp]` quantized to int8 blocks (see [`quantize_each`]).
 fn quantize_rows(isa: Isa, x: &[f32], m: usize, inp: usize) -> Vec<QuantRow> {
-    if m >= 8 {
-        let mut done: Vec<Option<QuantRow>> = (0..m).map(|_| None).collect();
-        pool::run_chunks(&mut done, 1, |r, slot| slot[0] = Some(quantize_row(isa, &x[r * inp..(r + 1) * inp])));
+    let rows: Vec<&[f32]> = x.chunks_exact(inp).take(m).collect();
+    quantize_each(isa, &rows)
+}
+
+/// Each of `rows` quantized to int8 blocks. Rows are independent; eight or more (a prompt's
+/// worth, or a mixture's down projections in a decode batch, whose routed rows arrive as one
+/// list across the experts) are split across the threads.
+fn quantize_each(isa: Isa, rows: &[&[f32]]) -> Vec<QuantRow> {
+    if rows.len() >= 8 {
+        let mut done: Vec<Option<QuantRow>> = (0..rows.len()).map(|_| None).collect();
+        pool::run_chunks(&mut done, 1, |r, slot| slot[0] = Some(quantize_row(isa, rows[r])));
         // `run` runs every task, so each row is there; recomputing is the (unreachable) fallback.
-        let redo = |r: usize| quantize_row(isa, &x[r * inp..(r + 1) * inp]);
-        done.into_iter().enumerate().map(|(r, q)| q.unwrap_or_else(|| redo(r))).collect()
+        done.into_iter().zip(rows).map(|(q, x)| q.unwrap_or_else(|| quantize_row(isa, x))).collect()
     } else {
-        x.chunks_exact(inp).take(m).map(|r| quantize_row(isa, r)).collect()
+        rows.iter().map(|x| quantize_row(isa, x)).collect()
     }
 }
 
