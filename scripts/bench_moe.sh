@@ -80,7 +80,7 @@ else
   }
 
   # Nothing from an earlier run (with or without rounds) may join this one's report.
-  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-probe.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss "$RAW"/*.huge
+  rm -f "$RAW"/membw*.txt "$RAW"/llama-*.txt "$RAW"/flint-latency*.json "$RAW"/flint-probe*.json "$RAW"/flint-parallel*.txt "$RAW"/*.rss "$RAW"/*.huge
   run flint-inspect "$F" inspect --model "$MODEL"
   MEMBW=0
   if cc -O3 -march=native -fopenmp -o "$WORK/membw" scripts/membw.c 2>"$RAW/membw-build.log"; then
@@ -108,6 +108,10 @@ else
   # the latency run's peak RSS).
   run flint-probe "$F" bench latency --model "$MODEL" --prompt-len 16 --gen-len 256 --reps 1 \
     --kv-cache-dtype bf16 --bandwidth-probe --json "$RAW/flint-probe.json"
+  # The same for the parallel sequences decoding together: each step's weights are the experts the
+  # batch chose (counted by the kernels), set against the reads around it.
+  run flint-probe-par "$F" bench latency --model "$MODEL" --prompt-len 16 --gen-len 128 --reps 1 \
+    --kv-cache-dtype bf16 --bandwidth-probe --probe-seqs "$PARALLEL" --json "$RAW/flint-probe-par.json"
   # Bandwidth again at the end: on a shared host it moves with the neighbours' load (33 to 62 GB/s
   # huge-page read best within minutes on one Zen 4), so the bounds span every bandwidth run's.
   if [ "$MEMBW" = 1 ]; then
@@ -243,6 +247,23 @@ if len(sfx) > 1:
     lines.append(f"| mean / median ratio | {'–' if l is None else f'{l:.2f}'} | {'–' if f is None else f'{f:.2f}'} | "
                  f"{rfmt(ratio_of(parallel_round, batched_round))} |")
 lines.append("")
+# The parallel decode against the bandwidth of its own moments (`--bandwidth-probe --probe-seqs`).
+probe_par_json = read("flint-probe-par.json")
+pp = (json.loads(probe_par_json).get("depths") or [{}])[0].get("bandwidth_probe") if probe_par_json else None
+if pp:
+    lo_s, med_s, hi_s = pp["share"]
+    lines += [f"In flint's own process (`--bandwidth-probe --probe-seqs {par}`, a run of its own after the rounds, "
+              f"one-token prompts): {pp['steps']} decode steps of all {pp['seqs']} sequences, median "
+              f"{pp['step_ms_median']:.1f} ms and {pp['step_gb_median']:.2f} GB of weights a step (the experts the "
+              f"batch chose, as the kernels counted them; {pp['weights_gb_s']:.1f} GB/s); reads of 1 GiB between "
+              f"the steps {pp['read_gb_s_median']:.1f} GB/s median ({pp['read_gb_s_min']:.1f} to "
+              f"{pp['read_gb_s_max']:.1f}). Each step's weight stream against the reads around it: "
+              f"**{100 * med_s:.0f}%** median (quartiles {100 * lo_s:.0f}% to {100 * hi_s:.0f}%)."]
+    if l:
+        need = 2 * l / int(par) * pp["step_gb_median"]
+        lines[-1] += (f" Twice llama-batched-bench's mean S_TG ({2 * l:.1f} tok/s) takes {need:.1f} GB/s of "
+                      f"weights: reads of {need / med_s:.1f} GB/s at that median share.")
+    lines.append("")
 lines += ["## Peak memory (GNU time, maximum resident set; the largest of the rounds)", "",
           "Huge pages: the machine's `AnonHugePages` (/proc/meminfo, every 2 s) at its largest while the program "
           "ran. flint's packed weights should all be on them; llama.cpp maps the file instead.", "",

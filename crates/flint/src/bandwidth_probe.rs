@@ -1,9 +1,11 @@
-//! `flint bench latency --bandwidth-probe`: one more generation run with a read of a large
-//! buffer (the memory bandwidth at that moment, [`ReadProbe`]) before the first step and after
-//! every step, so each decode step's weight stream is set against the bandwidth of its own
-//! moments. On a shared host whose bandwidth moves from minute to minute, a decode's share of a
-//! ceiling measured in other minutes (`scripts/membw.c` before and after) mostly says which
-//! minutes each ran in.
+//! `flint bench latency --bandwidth-probe`: one more generation run, of one sequence or of several
+//! decoding together (`--probe-seqs`), with a read of a large buffer (the memory bandwidth at that
+//! moment, [`ReadProbe`]) before the first step and after every step, so each decode step's
+//! weight stream is set against the bandwidth of its own moments. On a shared host whose
+//! bandwidth moves from minute to minute, a decode's share of a ceiling measured in other minutes
+//! (`scripts/membw.c` before and after) mostly says which minutes each ran in. A step's weight
+//! bytes are what its kernels counted ([`streamed`]): for a mixture of experts, the experts its
+//! batch chose in that step.
 
 use std::time::Instant;
 
@@ -11,70 +13,91 @@ use anyhow::Result;
 use flint_engine::engine_core::EventSink;
 use flint_engine::{EngineCore, PagedModelRunner, Request, RequestParams};
 use flint_model::kernels::read_probe::ReadProbe;
+use flint_model::kernels::streamed;
 
 /// The probe's buffer: 1 GiB, as `scripts/membw.c` reads (far beyond any cache).
 pub const PROBE_BYTES: usize = 1 << 30;
 
-/// A generation run's step times, and the probe's reads around them: `reads[i]` just before
-/// step `i`, `reads[i + 1]` just after it.
+/// A generation run's steps, and the probe's reads around them: `reads[i]` just before step `i`,
+/// `reads[i + 1]` just after it.
 pub struct ProbedRun {
     pub step_s: Vec<f64>,
     pub reads_gb_s: Vec<f64>,
+    /// The weight bytes each step's kernels streamed.
+    pub bytes: Vec<u64>,
+    /// Whether the step was a decode step of every sequence (one token each), the steps counted.
+    pub decode: Vec<bool>,
 }
 
-/// Generate `gen` tokens after `prompt`, one step at a time, reading the probe before the first
-/// step and after each.
+/// Generate `gen` tokens after each of `prompts`, all at once, one step at a time, reading the
+/// probe before the first step and after each. The engine must have room for them all.
 pub fn run(
     core: &mut EngineCore<PagedModelRunner>,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     gen: usize,
     probe: &ReadProbe,
 ) -> Result<ProbedRun> {
-    let sink: EventSink = Box::new(|_| true);
-    let params = RequestParams { max_tokens: gen, ignore_eos: true, ..Default::default() };
-    core.add(Request { id: "bandwidth-probe".into(), prompt, params }, sink)?;
-    let mut run = ProbedRun { step_s: Vec::new(), reads_gb_s: vec![probe.gb_per_s()] };
+    let n = prompts.len();
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let sink: EventSink = Box::new(|_| true);
+        let params = RequestParams { max_tokens: gen, ignore_eos: true, ..Default::default() };
+        core.add(Request { id: format!("bandwidth-probe-{i}"), prompt, params }, sink)?;
+    }
+    let mut run =
+        ProbedRun { step_s: Vec::new(), reads_gb_s: vec![probe.gb_per_s()], bytes: Vec::new(), decode: Vec::new() };
     while core.has_work() {
-        let t0 = Instant::now();
-        core.step();
+        let (b0, t0) = (streamed::weight_bytes(), Instant::now());
+        let plan = core.step();
         run.step_s.push(t0.elapsed().as_secs_f64());
+        run.bytes.push(streamed::weight_bytes().wrapping_sub(b0));
+        run.decode.push(plan.chunks.len() == n && plan.num_tokens == n);
         run.reads_gb_s.push(probe.gb_per_s());
     }
     Ok(run)
 }
 
-/// What a run says, for `weight_bytes` read a step.
+/// What a run says.
 #[derive(Debug, PartialEq, serde::Serialize)]
 pub struct Summary {
-    /// Decode steps counted (every step but the first, which also admits the request).
+    /// Sequences decoding together.
+    pub seqs: usize,
+    /// Decode steps counted: those of every sequence at once, but the run's first step (which also
+    /// admits the requests).
     pub steps: usize,
     pub step_ms_median: f64,
-    /// `weight_bytes` over the median step time.
+    /// The weight bytes of a counted step (median; a mixture's steps differ with the routing).
+    pub step_gb_median: f64,
+    /// Each counted step's weight bytes over its time: the median.
     pub weights_gb_s: f64,
     pub read_gb_s_median: f64,
     pub read_gb_s_min: f64,
     pub read_gb_s_max: f64,
-    /// Each step's weight bytes a second over the mean of the two reads around it: quartiles.
+    /// Each counted step's weight bytes a second over the mean of the two reads around it:
+    /// quartiles.
     pub share: [f64; 3],
 }
 
 impl ProbedRun {
-    pub fn summary(&self, weight_bytes: f64) -> Option<Summary> {
-        let steps = self.step_s.len().checked_sub(1).filter(|&n| n > 0)?;
-        let mut shares: Vec<f64> = (1..=steps)
-            .map(|i| {
-                let around = (self.reads_gb_s[i] + self.reads_gb_s[i + 1]) / 2.0;
-                weight_bytes / self.step_s[i] / 1e9 / around
-            })
-            .collect();
-        let mut step_s = self.step_s[1..].to_vec();
+    /// `None` when no step counts (a run of one step, or kernels that count nothing).
+    pub fn summary(&self, seqs: usize) -> Option<Summary> {
+        let counted: Vec<usize> = (1..self.step_s.len()).filter(|&i| self.decode[i] && self.bytes[i] > 0).collect();
+        if counted.is_empty() {
+            return None;
+        }
+        let rate = |i: usize| self.bytes[i] as f64 / self.step_s[i] / 1e9;
+        let mut shares: Vec<f64> =
+            counted.iter().map(|&i| rate(i) / ((self.reads_gb_s[i] + self.reads_gb_s[i + 1]) / 2.0)).collect();
+        let mut rates: Vec<f64> = counted.iter().map(|&i| rate(i)).collect();
+        let mut step_s: Vec<f64> = counted.iter().map(|&i| self.step_s[i]).collect();
+        let mut gb: Vec<f64> = counted.iter().map(|&i| self.bytes[i] as f64 / 1e9).collect();
         let mut reads = self.reads_gb_s.clone();
-        let step = quartiles(&mut step_s)[1];
         let read = quartiles(&mut reads);
         Some(Summary {
-            steps,
-            step_ms_median: step * 1e3,
-            weights_gb_s: weight_bytes / step / 1e9,
+            seqs,
+            steps: counted.len(),
+            step_ms_median: quartiles(&mut step_s)[1] * 1e3,
+            step_gb_median: quartiles(&mut gb)[1],
+            weights_gb_s: quartiles(&mut rates)[1],
             read_gb_s_median: read[1],
             read_gb_s_min: reads[0],
             read_gb_s_max: reads[reads.len() - 1],
@@ -86,11 +109,13 @@ impl ProbedRun {
 impl Summary {
     pub fn line(&self, test: &str) -> String {
         format!(
-            "bandwidth probe, {test}: {} steps, median {:.2} ms ({:.1} GB/s of weights); reads of 1 GiB between \
-             steps: median {:.1} GB/s ({:.1} to {:.1}); each step's weight stream against the reads around it: \
-             median {:.0}% (quartiles {:.0}% to {:.0}%)",
+            "bandwidth probe, {test}, {} sequence(s): {} decode steps, median {:.2} ms and {:.3} GB of weights \
+             ({:.1} GB/s); reads of 1 GiB between steps: median {:.1} GB/s ({:.1} to {:.1}); each step's weight \
+             stream against the reads around it: median {:.0}% (quartiles {:.0}% to {:.0}%)",
+            self.seqs,
             self.steps,
             self.step_ms_median,
+            self.step_gb_median,
             self.weights_gb_s,
             self.read_gb_s_median,
             self.read_gb_s_min,
@@ -115,14 +140,30 @@ mod tests {
 
     #[test]
     fn each_step_is_set_against_the_reads_around_it() {
-        // 1 GB a step. Step 0 (admission) is left out; step 1 took 0.1 s between reads of 10 and
-        // 30 GB/s (10 GB/s against 20: 50%), step 2 0.05 s between 30 and 20 (20 against 25: 80%).
-        let run = ProbedRun { step_s: vec![9.0, 0.1, 0.05], reads_gb_s: vec![99.0, 10.0, 30.0, 20.0] };
-        let s = run.summary(1e9).unwrap();
-        assert_eq!(s.steps, 2);
+        // Step 0 (admission) is left out; step 1 streamed 1 GB in 0.1 s between reads of 10 and 30
+        // GB/s (10 GB/s against 20: 50%), step 2 2 GB in 0.1 s between 30 and 20 (20 against 25:
+        // 80%); step 3 was not a decode step of every sequence (a prefill, or one sequence left).
+        let run = ProbedRun {
+            step_s: vec![9.0, 0.1, 0.1, 0.01],
+            reads_gb_s: vec![99.0, 10.0, 30.0, 20.0, 1.0],
+            bytes: vec![5_000_000_000, 1_000_000_000, 2_000_000_000, 1_000_000_000],
+            decode: vec![true, true, true, false],
+        };
+        let s = run.summary(2).unwrap();
+        assert_eq!((s.seqs, s.steps), (2, 2));
         assert!((s.share[0] - 0.5).abs() < 1e-12 && (s.share[2] - 0.8).abs() < 1e-12, "{s:?}");
-        assert_eq!((s.read_gb_s_min, s.read_gb_s_max), (10.0, 99.0));
-        assert!(s.step_ms_median == 100.0 || s.step_ms_median == 50.0);
-        assert!(ProbedRun { step_s: vec![1.0], reads_gb_s: vec![1.0, 1.0] }.summary(1.0).is_none(), "no decode step");
+        assert_eq!((s.read_gb_s_min, s.read_gb_s_max), (1.0, 99.0));
+        assert!((s.step_ms_median - 100.0).abs() < 1e-9, "{s:?}");
+        assert!(s.step_gb_median == 1.0 || s.step_gb_median == 2.0, "{s:?}");
+        assert!(s.weights_gb_s == 10.0 || s.weights_gb_s == 20.0, "{s:?}");
+        let one = |decode: bool, bytes: u64| ProbedRun {
+            step_s: vec![1.0, 1.0],
+            reads_gb_s: vec![1.0; 3],
+            bytes: vec![bytes; 2],
+            decode: vec![decode; 2],
+        };
+        assert!(one(true, 1).summary(1).is_some());
+        assert!(one(false, 1).summary(1).is_none(), "no decode step");
+        assert!(one(true, 0).summary(1).is_none(), "kernels that count nothing");
     }
 }

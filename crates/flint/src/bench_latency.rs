@@ -22,7 +22,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use flint_model::kernels::read_probe::ReadProbe;
-use flint_model::source::Checkpoint;
 
 use crate::bandwidth_probe;
 use crate::engine_args::{DeviceArg, KvDtypeArg, SpeculativeArg};
@@ -64,6 +63,11 @@ pub struct LatencyArgs {
     /// moments (see `bandwidth_probe`). Costs the buffer and a read a step.
     #[arg(long)]
     bandwidth_probe: bool,
+    /// Sequences the --bandwidth-probe run decodes together, each after its own one-token prompt
+    /// (a mixture's experts: those the batch chooses); counted are the steps that decode them
+    /// all.
+    #[arg(long, default_value_t = 1, requires = "bandwidth_probe")]
+    probe_seqs: usize,
 }
 
 /// Run one request to the end; returns (seconds to its first token, seconds for the rest, tokens).
@@ -99,8 +103,8 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn run(a: LatencyArgs) -> Result<()> {
-    if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 || a.max_num_batched_tokens == 0 {
-        bail!("--prompt-len, --gen-len, --reps and --max-num-batched-tokens must be at least 1");
+    if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 || a.max_num_batched_tokens == 0 || a.probe_seqs == 0 {
+        bail!("--prompt-len, --gen-len, --reps, --max-num-batched-tokens and --probe-seqs must be at least 1");
     }
     let spec = a.spec.get()?;
     let lm = LoadedModel::load(a.model.as_deref(), &a.device.open()?, None)?;
@@ -114,7 +118,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     // One engine per depth, its pool sized for the context plus either test, with two blocks to
     // spare so the context's cached blocks are never evicted by a test's own.
     let draft = load_draft(&lm, &EngineConfig { speculative: spec.clone(), ..EngineConfig::default() })?;
-    let core_for = |depth: usize, budget: usize| -> Result<EngineCore<PagedModelRunner>> {
+    let core_for = |depth: usize, budget: usize, seqs: usize| -> Result<EngineCore<PagedModelRunner>> {
         let tokens = depth + a.prompt_len.max(a.gen_len) + 1;
         if tokens > model_len {
             bail!("--depth {depth} plus the test needs {tokens} tokens; the model's context is {model_len}");
@@ -122,7 +126,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         let mut ec = EngineConfig {
             block_size: a.block_size,
             kv_cache_dtype: a.kv.get(),
-            max_num_seqs: 1,
+            max_num_seqs: seqs,
             max_num_batched_tokens: budget,
             max_model_len: Some(tokens),
             speculative: spec.clone(),
@@ -132,27 +136,23 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         let draft_bytes =
             draft.as_ref().map_or(0, |d| draft_kv_dtype(ec.dtype()).bytes_per_block(d.model.config(), bs));
         let per_block = ec.dtype().bytes_per_block(lm.model.config(), bs) + draft_bytes;
-        ec.kv_cache_memory = Some((tokens.div_ceil(bs.max(1)) + 2) * per_block);
+        ec.kv_cache_memory = Some(seqs * (tokens.div_ceil(bs.max(1)) + 2) * per_block);
         let p = plan(&lm, draft.as_ref(), &ec)?;
         eprintln!("{}", p.describe());
         Ok(build_core(&lm, draft.as_ref(), &p)?)
     };
     // Warm-up (page in the weights, spin up the threads), as llama-bench does.
-    let mut warm = core_for(0, 4096)?;
+    let mut warm = core_for(0, 4096, 1)?;
     run_request(&mut warm, prompt(a.prompt_len.min(16)), 1)?;
     drop(warm);
     let probe = a.bandwidth_probe.then(|| ReadProbe::new(bandwidth_probe::PROBE_BYTES));
-    let weight_bytes = match probe {
-        Some(_) => crate::inspect::read_per_token(&Checkpoint::open(&lm.source)?).1,
-        None => 0.0,
-    };
     let kv = a.kv.get().map_or("auto".to_string(), |d| d.to_string());
     let name = format!("{} ({:?} on {}, KV {kv})", lm.source, lm.model.dtype(), a.device.device);
     println!("| model | test | t/s |\n| --- | --- | ---: |");
     let mut results = Vec::new();
     for &depth in &a.depth {
         let budget = a.prompt_len.max(a.max_num_batched_tokens);
-        let mut core = core_for(depth, budget)?;
+        let mut core = core_for(depth, budget, 1)?;
         let context = prompt(depth);
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
         let mut prefill = None;
@@ -190,13 +190,29 @@ pub fn run(a: LatencyArgs) -> Result<()> {
         }
         let mut probed = None;
         if let Some(probe) = &probe {
-            let mut p = context.clone();
-            p.extend(prompt(1));
-            let run = bandwidth_probe::run(&mut core, p, a.gen_len, probe)?;
-            probed = run.summary(weight_bytes);
+            let prompts: Vec<Vec<u32>> = (0..a.probe_seqs)
+                .map(|_| {
+                    let mut p = context.clone();
+                    p.extend(prompt(1));
+                    p
+                })
+                .collect();
+            // One sequence goes on in the engine whose cache holds the context; several get an
+            // engine with room for them all.
+            let run = if a.probe_seqs == 1 {
+                bandwidth_probe::run(&mut core, prompts, a.gen_len, probe)?
+            } else {
+                let mut many = core_for(depth, budget, a.probe_seqs)?;
+                bandwidth_probe::run(&mut many, prompts, a.gen_len, probe)?
+            };
+            probed = run.summary(a.probe_seqs);
             match &probed {
                 Some(s) => eprintln!("{}", s.line(&format!("tg{}{at}", a.gen_len))),
-                None => eprintln!("bandwidth probe: --gen-len {} leaves no decode step to measure", a.gen_len),
+                None => eprintln!(
+                    "bandwidth probe: no decode step of all {} sequence(s) to measure (--gen-len {}, or kernels \
+                     that count no weight bytes on this device)",
+                    a.probe_seqs, a.gen_len
+                ),
             }
         }
         results.push(serde_json::json!({

@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 
 use super::huge_buf::{HugeBuf, Plain};
 use super::matmul_bf16;
-use super::{as_uninit, by_panel_stripes, Isa};
+use super::{as_uninit, by_panel_stripes, streamed, Isa};
 
 /// Output columns per panel: one AVX-512 register, two AVX2 registers.
 pub const PANEL: usize = 16;
@@ -210,6 +210,14 @@ impl PackedF32 {
         }
     }
 
+    /// The bytes a product with this weight streams: its panels as packed.
+    pub fn packed_bytes(&self) -> usize {
+        match &self.data {
+            PanelData::F32(v) => v.len() * 4,
+            PanelData::Bf16(v) | PanelData::Bf16Pairs(v) | PanelData::Bf16Tiles(v) | PanelData::F16(v) => v.len() * 2,
+        }
+    }
+
     pub fn out_features(&self) -> usize {
         self.out
     }
@@ -261,6 +269,9 @@ pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedF32], ys: &mut [&mut
             _ => None,
         })
         .collect();
+    if pairs.is_some() {
+        streamed::add(ws.iter().map(|w| w.packed_bytes()).sum());
+    }
     match pairs {
         Some(pairs) if tiles => matmul_bf16::run_tiles_many(Isa::detected(), x, m, &pairs, inp, ys),
         Some(pairs) => matmul_bf16::run_many(Isa::detected(), x, m, &pairs, inp, ys),
@@ -276,6 +287,12 @@ pub fn matmul_many_uninit(x: &[f32], m: usize, ws: &[&PackedF32], ys: &mut [&mut
 pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedF32, up: &PackedF32, y: &mut [MaybeUninit<f32>]) -> bool {
     if (gate.out, gate.inp) != (up.out, up.inp) {
         return false;
+    }
+    if matches!(
+        (&gate.data, &up.data),
+        (PanelData::Bf16Pairs(_), PanelData::Bf16Pairs(_)) | (PanelData::Bf16Tiles(_), PanelData::Bf16Tiles(_))
+    ) {
+        streamed::add(gate.packed_bytes() + up.packed_bytes());
     }
     match (&gate.data, &up.data) {
         (PanelData::Bf16Pairs(g), PanelData::Bf16Pairs(u)) => {
@@ -297,6 +314,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [f32]) 
 }
 
 fn run(isa: Isa, x: &[f32], m: usize, w: &PackedF32, y: &mut [MaybeUninit<f32>]) {
+    streamed::add(w.packed_bytes());
     match &w.data {
         PanelData::Bf16Pairs(panels) => return matmul_bf16::run(isa, x, m, panels, w.out, w.inp, y),
         PanelData::Bf16Tiles(panels) => {

@@ -27,7 +27,7 @@
 use std::mem::MaybeUninit;
 
 use super::huge_buf::HugeBuf;
-use super::{as_uninit, by_panel_stripes_many, pool, Isa};
+use super::{as_uninit, by_panel_stripes_many, pool, streamed, Isa};
 
 mod amx;
 mod grouped;
@@ -497,6 +497,7 @@ fn run(isa: Isa, x: &[f32], m: usize, ws: &[&PackedQ8], ys: &mut [&mut [MaybeUni
     if ws.is_empty() {
         return;
     }
+    streamed::add(ws.iter().map(|w| w.packed_bytes()).sum());
     let rows = quantize_rows(isa, x, m, inp);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && m >= 2 {
@@ -527,6 +528,7 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
     assert!(up.inp == inp && up.out == out, "gated matmul: gate and up of one shape");
     assert_eq!(y.len(), m * out, "gated matmul output length");
     assert_eq!(x.len(), m * inp, "gated matmul input length");
+    streamed::add(gate.packed_bytes() + up.packed_bytes());
     let rows = quantize_rows(isa, x, m, inp);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && m >= 2 {

@@ -14,6 +14,7 @@ pub mod matmul_q8;
 pub mod pool;
 pub mod read_probe;
 pub mod rowwise;
+pub mod streamed;
 
 pub use isa::Isa;
 

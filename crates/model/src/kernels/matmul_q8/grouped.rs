@@ -12,7 +12,7 @@
 use std::mem::MaybeUninit;
 
 use super::{panel_run, path, quantize_each, quantize_rows, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
-use crate::kernels::{by_panel_stripes_grouped, rowwise, Stripe};
+use crate::kernels::{by_panel_stripes_grouped, rowwise, streamed, Stripe};
 
 /// One expert's share of a grouped matmul: the rows routed to it and its columns
 /// `col0..col0 + cols` of the merged weight (`col0` and `cols` multiples of 16: whole panels).
@@ -78,6 +78,7 @@ pub(super) fn gated_with(
     let rows: Vec<Vec<&QuantRow>> = jobs.iter().map(|j| j.rows.iter().map(|&r| &all[r as usize]).collect()).collect();
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
+    streamed::add(jobs.iter().map(|j| j.cols / COLS * (gb + ub)).sum());
     run(jobs, &rows, ys, |rows, range, [g, u], put| {
         for (k, a) in range.enumerate() {
             let (gp, upn) = (&gate.data[a * gb..(a + 1) * gb], &up.data[a * ub..(a + 1) * ub]);
@@ -116,6 +117,8 @@ pub(super) fn plain_with(
             x.chunks_exact(inp)
         })
         .collect();
+    let pb = w.format.panel_bytes(inp / QK);
+    streamed::add(jobs.iter().map(|j| j.cols / COLS * pb).sum());
     let quantized = quantize_each(isa, &flat);
     let mut each = quantized.iter();
     let rows: Vec<Vec<&QuantRow>> = jobs.iter().map(|j| each.by_ref().take(j.rows.len()).collect()).collect();
