@@ -209,8 +209,8 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             match &probed {
                 Some(s) => eprintln!("{}", s.line(&format!("tg{}{at}", a.gen_len))),
                 None => eprintln!(
-                    "bandwidth probe: no decode step of all {} sequence(s) to measure (--gen-len {}, or kernels \
-                     that count no weight bytes on this device)",
+                    "bandwidth probe: no decode step of all {} sequence(s) to measure (--gen-len {}, speculation, \
+                     or kernels that count no weight bytes on this device)",
                     a.probe_seqs, a.gen_len
                 ),
             }

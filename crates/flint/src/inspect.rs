@@ -159,7 +159,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
 /// What decoding one token of one sequence reads, as (parameters, bytes as stored): every weight
 /// except the idle experts and all but one embedding row (the whole matrix when it doubles as the
 /// head).
-pub fn read_per_token(ck: &Checkpoint) -> (f64, f64) {
+fn read_per_token(ck: &Checkpoint) -> (f64, f64) {
     let (mut active, mut read) = (0f64, 0f64);
     for t in &ck.weights.tensors() {
         let share = per_token_share(&t.name, &ck.config);
