@@ -288,23 +288,17 @@ pub fn matmul_gated_uninit(x: &[f32], m: usize, gate: &PackedF32, up: &PackedF32
     if (gate.out, gate.inp) != (up.out, up.inp) {
         return false;
     }
-    if matches!(
-        (&gate.data, &up.data),
-        (PanelData::Bf16Pairs(_), PanelData::Bf16Pairs(_)) | (PanelData::Bf16Tiles(_), PanelData::Bf16Tiles(_))
-    ) {
-        streamed::add(gate.packed_bytes() + up.packed_bytes());
-    }
     match (&gate.data, &up.data) {
         (PanelData::Bf16Pairs(g), PanelData::Bf16Pairs(u)) => {
             matmul_bf16::run_gated(Isa::detected(), x, m, g, u, gate.out, gate.inp, y);
-            true
         }
         (PanelData::Bf16Tiles(g), PanelData::Bf16Tiles(u)) => {
             matmul_bf16::run_tiles_gated(Isa::detected(), x, m, g, u, gate.out, gate.inp, y);
-            true
         }
-        _ => false,
+        _ => return false,
     }
+    streamed::add(gate.packed_bytes() + up.packed_bytes());
+    true
 }
 
 /// [`matmul`] with an explicit instruction set (tests compare them bit for bit). One this CPU
