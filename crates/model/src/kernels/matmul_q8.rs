@@ -536,23 +536,89 @@ fn gated_with(isa: Isa, x: &[f32], m: usize, gate: &PackedQ8, up: &PackedQ8, y: 
     }
     let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
     let rows: Vec<&QuantRow> = rows.iter().collect();
-    let nb = inp / QK;
-    let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
+    let order = gated_order(isa, [gate, up], m);
     by_panel_stripes_many(m, &[out], COLS, 1, &mut [y], |_, p0, p1, stripe| {
-        let (mut g, mut u) = ([[0f32; COLS]; ROWS], [[0f32; COLS]; ROWS]);
-        for p in p0..p1 {
-            let (gp, upn) = (&gate.data[p * gb..(p + 1) * gb], &up.data[p * ub..(p + 1) * ub]);
-            for r0 in (0..m).step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(m);
-                tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [&mut g, &mut u]);
-                for (i, (g, u)) in g.iter().zip(&u).enumerate().take(r1 - r0) {
-                    let mut o = [0f32; COLS];
-                    super::rowwise::silu_mul_row(g, u, &mut o);
-                    stripe.put(r0 + i, p - p0, &o);
+        let mut accs = [[[0f32; COLS]; ROWS]; 2];
+        gated_panels(isa, order, [gate, up], &rows, p0..p1, &mut accs, &mut |r, k, o| stripe.put(r, k, o));
+    });
+}
+
+/// The order in which a gated task reads its gate and up panels. The bits are the same either
+/// way: each panel's tiles are the same calls on the same rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GatedOrder {
+    /// Panel by panel: a panel's gate tiles, then its up tiles, combined at once (every row
+    /// chunk while the two panels are in cache). Prefill's many rows, and every CPU but Zen 5.
+    Interleaved,
+    /// All of the task's gate panels, their products held, then all of its up panels: one
+    /// weight stream at a time instead of two alternating every panel. Zen 5, up to `ROWS`
+    /// rows (see [`x86::gate_then_up`]).
+    GateThenUp,
+}
+
+/// The order for `rows` rows of `ws` (gate, up) on `isa`.
+fn gated_order(isa: Isa, ws: [&PackedQ8; 2], rows: usize) -> GatedOrder {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Amx | Isa::Avx512Vnni)
+        && (1..=ROWS).contains(&rows)
+        && !pairs(isa, ws, rows)
+        && x86::gate_then_up()
+    {
+        return GatedOrder::GateThenUp;
+    }
+    let _ = (isa, ws, rows);
+    GatedOrder::Interleaved
+}
+
+/// `silu(x·gateᵀ) · (x·upᵀ)` over panels `range` of `gate` and `up` for the quantized `rows`, row
+/// `r`'s 16 outputs of panel `range.start + k` handed to `put(r, k, ..)`, reading the panels in
+/// `order` (`GateThenUp` only for one to `ROWS` rows). `accs` are the task's tile accumulators.
+fn gated_panels(
+    isa: Isa,
+    order: GatedOrder,
+    [gate, up]: [&PackedQ8; 2],
+    rows: &[&QuantRow],
+    range: std::ops::Range<usize>,
+    [g, u]: &mut [Acc; 2],
+    put: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let nb = gate.inp / QK;
+    let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
+    let (gate_panel, up_panel) = (|p: usize| &gate.data[p * gb..][..gb], |p: usize| &up.data[p * ub..][..ub]);
+    let combine = |g: &[f32; COLS], u: &[f32; COLS]| {
+        let mut o = [0f32; COLS];
+        super::rowwise::silu_mul_row(g, u, &mut o);
+        o
+    };
+    match order {
+        GatedOrder::GateThenUp => {
+            let m = rows.len();
+            // A tile is never called with no rows (it would read a whole tile's).
+            assert!((1..=ROWS).contains(&m), "gate-then-up: one tile of rows");
+            let mut held = vec![[0f32; COLS]; range.len() * m];
+            for (k, p) in range.clone().enumerate() {
+                tile(isa, gate, rows, gate_panel(p), nb, g);
+                held[k * m..(k + 1) * m].copy_from_slice(&g[..m]);
+            }
+            for (k, p) in range.enumerate() {
+                tile(isa, up, rows, up_panel(p), nb, u);
+                for (r, (gv, uv)) in held[k * m..(k + 1) * m].iter().zip(u.iter()).enumerate() {
+                    put(r, k, &combine(gv, uv));
                 }
             }
         }
-    });
+        GatedOrder::Interleaved => {
+            for (k, p) in range.enumerate() {
+                for r0 in (0..rows.len()).step_by(ROWS) {
+                    let r1 = (r0 + ROWS).min(rows.len());
+                    tile_pair(isa, [gate, up], &rows[r0..r1], [gate_panel(p), up_panel(p)], nb, [&mut *g, &mut *u]);
+                    for (i, (gv, uv)) in g.iter().zip(u.iter()).enumerate().take(r1 - r0) {
+                        put(r0 + i, k, &combine(gv, uv));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A task's AMX tiles. `path` gives [`Isa::Amx`] only where the tiles are usable, so this
@@ -1060,6 +1126,48 @@ pub(super) mod tests {
                 let mut y = vec![0f32; m * out];
                 matmul(&x, m, &p, &mut y);
                 assert_eq!(&y[pos * out..(pos + 1) * out], &alone[..], "{format:?} m={m}");
+            }
+        }
+    }
+
+    /// Reading all of a range's gate panels before its up panels gives the bits of reading them
+    /// panel by panel, and of the scalar reference, on every path this CPU has, for every row
+    /// count one tile holds (on Zen 5 the gated calls of decode take that order).
+    #[test]
+    fn gate_then_up_gives_the_panel_by_panel_bits() {
+        let (out, inp) = (64, 512);
+        for format in [Format::Q8_0, Format::Q4_0, Format::Q4_K, Format::Q6_K] {
+            let gate = PackedQ8::from_ggml(format, &random_blocks(format, out, inp, 21), out, inp).unwrap();
+            let up = PackedQ8::from_ggml(format, &random_blocks(format, out, inp, 22), out, inp).unwrap();
+            for m in 1..=ROWS {
+                let x = random_x(m * inp, 40 + m as u32);
+                let mut reference = vec![MaybeUninit::new(f32::NAN); m * out];
+                gated_with(Isa::Scalar, &x, m, &gate, &up, &mut reference);
+                let reference = crate::kernels::written(&reference);
+                for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni] {
+                    let isa = path(isa);
+                    let quantized = quantize_rows(isa, &x, m, inp);
+                    let rows: Vec<&QuantRow> = quantized.iter().collect();
+                    // Panels 1..4 of the 4: a range that starts past the first panel.
+                    let run = |order| {
+                        let mut y = vec![f32::NAN; m * out];
+                        let mut accs = [[[0f32; COLS]; ROWS]; 2];
+                        gated_panels(isa, order, [&gate, &up], &rows, 1..4, &mut accs, &mut |r, k, o| {
+                            y[r * out + (1 + k) * COLS..][..COLS].copy_from_slice(o)
+                        });
+                        y
+                    };
+                    let (interleaved, gate_first) = (run(GatedOrder::Interleaved), run(GatedOrder::GateThenUp));
+                    for r in 0..m {
+                        let (row, at) = (r * out, r * out + COLS);
+                        assert!(
+                            gate_first[row..at].iter().all(|v| v.is_nan()),
+                            "{format:?} {isa:?}: panel 0 untouched"
+                        );
+                        assert_eq!(&gate_first[at..row + out], &interleaved[at..row + out], "{format:?} {isa:?} m={m}");
+                        assert_eq!(&gate_first[at..row + out], &reference[at..row + out], "{format:?} {isa:?} m={m}");
+                    }
+                }
             }
         }
     }

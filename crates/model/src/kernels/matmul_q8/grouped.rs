@@ -11,8 +11,11 @@
 
 use std::mem::MaybeUninit;
 
-use super::{panel_run, path, quantize_each, quantize_rows, tile_pair, Acc, Isa, PackedQ8, QuantRow, COLS, QK, ROWS};
-use crate::kernels::{by_panel_stripes_grouped, rowwise, streamed, Stripe};
+use super::{
+    gated_order, gated_panels, panel_run, path, quantize_each, quantize_rows, Acc, Isa, PackedQ8, QuantRow, COLS, QK,
+    ROWS,
+};
+use crate::kernels::{by_panel_stripes_grouped, streamed, Stripe};
 
 /// One expert's share of a grouped matmul: the rows routed to it and its columns
 /// `col0..col0 + cols` of the merged weight (`col0` and `cols` multiples of 16: whole panels).
@@ -79,19 +82,8 @@ pub(super) fn gated_with(
     let nb = inp / QK;
     let (gb, ub) = (gate.format.panel_bytes(nb), up.format.panel_bytes(nb));
     streamed::add(jobs.iter().map(|j| j.cols / COLS * (gb + ub)).sum());
-    run(jobs, &rows, ys, |rows, range, [g, u], put| {
-        for (k, a) in range.enumerate() {
-            let (gp, upn) = (&gate.data[a * gb..(a + 1) * gb], &up.data[a * ub..(a + 1) * ub]);
-            for r0 in (0..rows.len()).step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(rows.len());
-                tile_pair(isa, [gate, up], &rows[r0..r1], [gp, upn], nb, [&mut *g, &mut *u]);
-                for (i, (g, u)) in g.iter().zip(u.iter()).enumerate().take(r1 - r0) {
-                    let mut o = [0f32; COLS];
-                    rowwise::silu_mul_row(g, u, &mut o);
-                    put(r0 + i, k, &o);
-                }
-            }
-        }
+    run(jobs, &rows, ys, |rows, range, accs, put| {
+        gated_panels(isa, gated_order(isa, [gate, up], rows.len()), [gate, up], rows, range, accs, put)
     });
 }
 

@@ -336,6 +336,29 @@ pub fn pair_panels() -> bool {
     intel()
 }
 
+/// Whether a gated call reads each task's gate panels before its up panels
+/// ([`super::GatedOrder::GateThenUp`]) where its rows fit one tile: on Zen 5, where one long
+/// run of one weight read faster than two alternating every panel (18 KB of a 2048-wide Q4_K
+/// panel), as it did than two side by side ([`pair_panels`]). Measured 2026-12-06 on a 2-core
+/// EPYC of family 26 model 2, 2 threads, the same bits either way:
+/// - qwen3-30b-a3b's experts, one layer (`moe_cost`, the kernel against plain reads of the same
+///   bytes pass by pass, separate runs alternated): 16 rows 0.95–1.00 of plain reads (five
+///   runs) against 0.91–0.93 panel by panel; four rows 0.94–0.96 against 0.91–0.93; one row
+///   noisy both ways (0.86 and 0.78 against 0.97 and 0.76);
+/// - the whole model, Q4_K, every decode step alternated between the two orders in one process
+///   (step time against its two neighbours'): 16 sequences of 128 + 128 tokens (`bench
+///   throughput`) 0.962 (median of 59 steps, quartiles 0.939–0.994; the gate/up calls 0.927),
+///   and 0.943 (0.926–0.962) for a first version that held whole tiles; one sequence 0.982
+///   (0.945–1.027, 124 steps);
+/// - qwen2.5-1.5b Q4_K, one sequence, every step alternated: 0.973 (0.913–1.026, 249 steps),
+///   the MLP 0.968.
+///
+/// Not measured on Zen 4 or Intel, which keep panel by panel (Intel's pair loop reads the two
+/// side by side).
+pub fn gate_then_up() -> bool {
+    streamer() == Streamer::Zen5
+}
+
 /// [`tile_vnni`] for two panels of one format and the same rows (one to `PAIR_ROWS`), both at
 /// once (see [`vnni_pair`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
