@@ -109,9 +109,11 @@ else
   run flint-probe "$F" bench latency --model "$MODEL" --prompt-len 16 --gen-len 256 --reps 1 \
     --kv-cache-dtype bf16 --bandwidth-probe --json "$RAW/flint-probe.json"
   # The same for the parallel sequences decoding together: each step's weights are the experts the
-  # batch chose (counted by the kernels), set against the reads around it.
+  # batch chose (counted by the kernels), set against the reads around it. Their prompts are the
+  # rounds' 128 tokens, so the steps' attention reads as long a KV cache as there.
   run flint-probe-par "$F" bench latency --model "$MODEL" --prompt-len 16 --gen-len 128 --reps 1 \
-    --kv-cache-dtype bf16 --bandwidth-probe --probe-seqs "$PARALLEL" --json "$RAW/flint-probe-par.json"
+    --kv-cache-dtype bf16 --bandwidth-probe --probe-seqs "$PARALLEL" --probe-prompt-len 128 \
+    --json "$RAW/flint-probe-par.json"
   # Bandwidth again at the end: on a shared host it moves with the neighbours' load (33 to 62 GB/s
   # huge-page read best within minutes on one Zen 4), so the bounds span every bandwidth run's.
   if [ "$MEMBW" = 1 ]; then
@@ -253,7 +255,7 @@ pp = (json.loads(probe_par_json).get("depths") or [{}])[0].get("bandwidth_probe"
 if pp:
     lo_s, med_s, hi_s = pp["share"]
     lines += [f"In flint's own process (`--bandwidth-probe --probe-seqs {par}`, a run of its own after the rounds, "
-              f"one-token prompts): {pp['steps']} decode steps of all {pp['seqs']} sequences, median "
+              f"{pp.get('prompt_tokens', 1)}-token prompts): {pp['steps']} decode steps of all {pp['seqs']} sequences, median "
               f"{pp['step_ms_median']:.1f} ms and {pp['step_gb_median']:.2f} GB of weights a step (the experts the "
               f"batch chose, as the kernels counted them; {pp['weights_gb_s']:.1f} GB/s); reads of 1 GiB between "
               f"the steps {pp['read_gb_s_median']:.1f} GB/s median ({pp['read_gb_s_min']:.1f} to "

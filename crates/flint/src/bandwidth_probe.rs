@@ -27,6 +27,8 @@ pub struct ProbedRun {
     pub bytes: Vec<u64>,
     /// Whether the step was a decode step of every sequence (one token each), the steps counted.
     pub decode: Vec<bool>,
+    /// Tokens of the longest prompt (context included): the KV cache the first decode step reads.
+    pub prompt_tokens: usize,
 }
 
 /// Generate `gen` tokens after each of `prompts`, all at once, one step at a time, reading the
@@ -37,14 +39,19 @@ pub fn run(
     gen: usize,
     probe: &ReadProbe,
 ) -> Result<ProbedRun> {
-    let n = prompts.len();
+    let (n, prompt_tokens) = (prompts.len(), prompts.iter().map(Vec::len).max().unwrap_or(0));
     for (i, prompt) in prompts.into_iter().enumerate() {
         let sink: EventSink = Box::new(|_| true);
         let params = RequestParams { max_tokens: gen, ignore_eos: true, ..Default::default() };
         core.add(Request { id: format!("bandwidth-probe-{i}"), prompt, params }, sink)?;
     }
-    let mut run =
-        ProbedRun { step_s: Vec::new(), reads_gb_s: vec![probe.gb_per_s()], bytes: Vec::new(), decode: Vec::new() };
+    let mut run = ProbedRun {
+        step_s: Vec::new(),
+        reads_gb_s: vec![probe.gb_per_s()],
+        bytes: Vec::new(),
+        decode: Vec::new(),
+        prompt_tokens,
+    };
     while core.has_work() {
         let (b0, t0) = (streamed::weight_bytes(), Instant::now());
         let plan = core.step();
@@ -61,6 +68,8 @@ pub fn run(
 pub struct Summary {
     /// Sequences decoding together.
     pub seqs: usize,
+    /// Tokens of the longest of their prompts.
+    pub prompt_tokens: usize,
     /// Decode steps counted: those of every sequence at once, but the run's first step (which also
     /// admits the requests).
     pub steps: usize,
@@ -94,6 +103,7 @@ impl ProbedRun {
         let read = quartiles(&mut reads);
         Some(Summary {
             seqs,
+            prompt_tokens: self.prompt_tokens,
             steps: counted.len(),
             step_ms_median: quartiles(&mut step_s)[1] * 1e3,
             step_gb_median: quartiles(&mut gb)[1],
@@ -109,10 +119,11 @@ impl ProbedRun {
 impl Summary {
     pub fn line(&self, test: &str) -> String {
         format!(
-            "bandwidth probe, {test}, {} sequence(s): {} decode steps, median {:.2} ms and {:.3} GB of weights \
+            "bandwidth probe, {test}, {} sequence(s) after {}-token prompts: {} decode steps, median {:.2} ms and {:.3} GB of weights \
              ({:.1} GB/s); reads of 1 GiB between steps: median {:.1} GB/s ({:.1} to {:.1}); each step's weight \
              stream against the reads around it: median {:.0}% (quartiles {:.0}% to {:.0}%)",
             self.seqs,
+            self.prompt_tokens,
             self.steps,
             self.step_ms_median,
             self.step_gb_median,
@@ -148,9 +159,10 @@ mod tests {
             reads_gb_s: vec![99.0, 10.0, 30.0, 20.0, 1.0],
             bytes: vec![5_000_000_000, 1_000_000_000, 2_000_000_000, 1_000_000_000],
             decode: vec![true, true, true, false],
+            prompt_tokens: 7,
         };
         let s = run.summary(2).unwrap();
-        assert_eq!((s.seqs, s.steps), (2, 2));
+        assert_eq!((s.seqs, s.prompt_tokens, s.steps), (2, 7, 2));
         assert!((s.share[0] - 0.5).abs() < 1e-12 && (s.share[2] - 0.8).abs() < 1e-12, "{s:?}");
         assert_eq!((s.read_gb_s_min, s.read_gb_s_max), (1.0, 99.0));
         assert!((s.step_ms_median - 100.0).abs() < 1e-9, "{s:?}");
@@ -161,6 +173,7 @@ mod tests {
             reads_gb_s: vec![1.0; 3],
             bytes: vec![bytes; 2],
             decode: vec![decode; 2],
+            prompt_tokens: 1,
         };
         assert!(one(true, 1).summary(1).is_some());
         assert!(one(false, 1).summary(1).is_none(), "no decode step");

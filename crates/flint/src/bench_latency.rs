@@ -63,11 +63,14 @@ pub struct LatencyArgs {
     /// moments (see `bandwidth_probe`). Costs the buffer and a read a step.
     #[arg(long)]
     bandwidth_probe: bool,
-    /// Sequences the --bandwidth-probe run decodes together, each after its own one-token prompt
-    /// (a mixture's experts: those the batch chooses); counted are the steps that decode them
-    /// all.
+    /// Sequences the --bandwidth-probe run decodes together, each after its own prompt (a
+    /// mixture's experts: those the batch chooses); counted are the steps that decode them all.
     #[arg(long, default_value_t = 1, requires = "bandwidth_probe")]
     probe_seqs: usize,
+    /// Tokens of each --bandwidth-probe sequence's own prompt (after the --depth context): the
+    /// KV cache its decode steps' attention reads, as in `bench throughput --input-len`.
+    #[arg(long, default_value_t = 1, requires = "bandwidth_probe")]
+    probe_prompt_len: usize,
 }
 
 /// Run one request to the end; returns (seconds to its first token, seconds for the rest, tokens).
@@ -103,8 +106,11 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn run(a: LatencyArgs) -> Result<()> {
-    if a.prompt_len == 0 || a.gen_len == 0 || a.reps == 0 || a.max_num_batched_tokens == 0 || a.probe_seqs == 0 {
-        bail!("--prompt-len, --gen-len, --reps, --max-num-batched-tokens and --probe-seqs must be at least 1");
+    if [a.prompt_len, a.gen_len, a.reps, a.max_num_batched_tokens, a.probe_seqs, a.probe_prompt_len].contains(&0) {
+        bail!(
+            "--prompt-len, --gen-len, --reps, --max-num-batched-tokens, --probe-seqs and --probe-prompt-len must be \
+             at least 1"
+        );
     }
     let spec = a.spec.get()?;
     let lm = LoadedModel::load(a.model.as_deref(), &a.device.open()?, None)?;
@@ -118,8 +124,12 @@ pub fn run(a: LatencyArgs) -> Result<()> {
     // One engine per depth, its pool sized for the context plus either test, with two blocks to
     // spare so the context's cached blocks are never evicted by a test's own.
     let draft = load_draft(&lm, &EngineConfig { speculative: spec.clone(), ..EngineConfig::default() })?;
+    // The timed tests' tokens after the context (pp's prompt and one token, or tg's), and the
+    // probe's (its prompt and the decode).
+    let timed_tokens = a.prompt_len.max(a.gen_len) + 1;
+    let probe_tokens = if a.bandwidth_probe { a.probe_prompt_len + a.gen_len } else { 0 };
     let core_for = |depth: usize, budget: usize, seqs: usize| -> Result<EngineCore<PagedModelRunner>> {
-        let tokens = depth + a.prompt_len.max(a.gen_len) + 1;
+        let tokens = depth + timed_tokens.max(probe_tokens);
         if tokens > model_len {
             bail!("--depth {depth} plus the test needs {tokens} tokens; the model's context is {model_len}");
         }
@@ -193,7 +203,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
             let prompts: Vec<Vec<u32>> = (0..a.probe_seqs)
                 .map(|_| {
                     let mut p = context.clone();
-                    p.extend(prompt(1));
+                    p.extend(prompt(a.probe_prompt_len));
                     p
                 })
                 .collect();

@@ -413,15 +413,15 @@ fn kv_cache_dtype_flag_inspect_generate_and_bench_depth() {
 
 /// `bench latency --bandwidth-probe`: each decode step's weight bytes as the kernels counted
 /// them, for one sequence and for several decoding together. A dense model's step reads the same
-/// weights whatever the batch; `--probe-seqs` needs the probe.
+/// weights whatever the batch, whatever the prompts' length; `--probe-seqs` needs the probe.
 #[test]
 fn bandwidth_probe_counts_each_steps_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let q4 = tmp.path().join("tiny-q4");
     assert!(flint(&["synth", "--shape", "tiny", "--out", q4.to_str().unwrap(), "--gguf", "q4_0"]).status.success());
     let model = q4.join("model-q4_0.gguf");
-    let probe = |seqs: &str| {
-        let json = tmp.path().join(format!("probe-{seqs}.json"));
+    let probe = |seqs: &str, prompt: &str| {
+        let json = tmp.path().join(format!("probe-{seqs}-{prompt}.json"));
         let o = flint(&[
             "bench",
             "latency",
@@ -436,18 +436,21 @@ fn bandwidth_probe_counts_each_steps_weights() {
             "--bandwidth-probe",
             "--probe-seqs",
             seqs,
+            "--probe-prompt-len",
+            prompt,
             "--json",
             json.to_str().unwrap(),
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stderr(&o).contains(&format!("{seqs} sequence(s): 3 decode steps")), "{}", stderr(&o));
+        let line = format!("{seqs} sequence(s) after {prompt}-token prompts: 3 decode steps");
+        assert!(stderr(&o).contains(&line), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         v["depths"][0]["bandwidth_probe"].clone()
     };
-    let (one, three) = (probe("1"), probe("3"));
+    let (one, three, long) = (probe("1", "1"), probe("3", "1"), probe("3", "40"));
     assert_eq!(three["seqs"], 3, "{three}");
     let gb = |p: &serde_json::Value| p["step_gb_median"].as_f64().unwrap_or(0.0);
-    assert!(gb(&one) > 0.0 && gb(&one) == gb(&three), "{one} {three}");
+    assert!(gb(&one) > 0.0 && gb(&one) == gb(&three) && gb(&three) == gb(&long), "{one} {three} {long}");
     assert_eq!(three["share"].as_array().map(Vec::len), Some(3), "{three}");
     let o = flint(&["bench", "latency", "--model", model.to_str().unwrap(), "--probe-seqs", "2"]);
     assert_eq!(o.status.code(), Some(2), "clap wants --bandwidth-probe: {}", stderr(&o));
