@@ -570,6 +570,11 @@ fn gated_order(isa: Isa, ws: [&PackedQ8; 2], rows: usize) -> GatedOrder {
     GatedOrder::Interleaved
 }
 
+thread_local! {
+    /// [`GatedOrder::GateThenUp`]'s gate products of a task, `[panel][row]`.
+    static GATE_HELD: std::cell::RefCell<Vec<[f32; COLS]>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `silu(x·gateᵀ) · (x·upᵀ)` over panels `range` of `gate` and `up` for the quantized `rows`, row
 /// `r`'s 16 outputs of panel `range.start + k` handed to `put(r, k, ..)`, reading the panels in
 /// `order` (`GateThenUp` only for one to `ROWS` rows). `accs` are the task's tile accumulators.
@@ -595,17 +600,22 @@ fn gated_panels(
             let m = rows.len();
             // A tile is never called with no rows (it would read a whole tile's).
             assert!((1..=ROWS).contains(&m), "gate-then-up: one tile of rows");
-            let mut held = vec![[0f32; COLS]; range.len() * m];
-            for (k, p) in range.clone().enumerate() {
-                tile(isa, gate, rows, gate_panel(p), nb, g);
-                held[k * m..(k + 1) * m].copy_from_slice(&g[..m]);
-            }
-            for (k, p) in range.enumerate() {
-                tile(isa, up, rows, up_panel(p), nb, u);
-                for (r, (gv, uv)) in held[k * m..(k + 1) * m].iter().zip(u.iter()).enumerate() {
-                    put(r, k, &combine(gv, uv));
+            // The thread's buffer, grown as needed and kept: a decode step makes thousands of
+            // these calls (one per expert and task range), each of which would allocate its own.
+            GATE_HELD.with_borrow_mut(|held| {
+                held.clear();
+                held.resize(range.len() * m, [0f32; COLS]);
+                for (k, p) in range.clone().enumerate() {
+                    tile(isa, gate, rows, gate_panel(p), nb, g);
+                    held[k * m..(k + 1) * m].copy_from_slice(&g[..m]);
                 }
-            }
+                for (k, p) in range.enumerate() {
+                    tile(isa, up, rows, up_panel(p), nb, u);
+                    for (r, (gv, uv)) in held[k * m..(k + 1) * m].iter().zip(u.iter()).enumerate() {
+                        put(r, k, &combine(gv, uv));
+                    }
+                }
+            });
         }
         GatedOrder::Interleaved => {
             for (k, p) in range.enumerate() {
